@@ -1,0 +1,283 @@
+"""Every error Loom raises, rooted at :class:`LoomError`.
+
+The tree::
+
+    LoomError
+    ├── ConfigurationError                 bad arguments / environment
+    ├── PayloadError                       not JSON, too large, too deep (nothing stored)
+    ├── FlowNotFoundError                  unknown flow id or unregistered version
+    ├── ExecutionNotFoundError             unknown execution id
+    ├── ExecutionAlreadyExistsError        a start lost the sequence-0 race
+    ├── InvalidInputError                  flow input fails the flow's schema
+    ├── ResumeError                        a resume the execution cannot take
+    │   ├── ResumeValidationError          payload fails the gate's resume schema
+    │   ├── NotWaitingError                not suspended on that event
+    │   └── GateTimedOutError              the gate's timeout already fired
+    ├── NonDeterminismError                replay asked for a different operation
+    ├── StepFailedError                    a step exhausted its retry policy
+    ├── ExecutionFailedError               the flow raised; carries the recorded error
+    ├── ExecutionCancelledError            the execution was cancelled
+    ├── ExecutionSupersededError           another holder owns the execution now
+    └── StorageError
+        ├── StorageWriteError              the write did not happen (may carry a cause)
+        ├── StaleFenceError                an older fence holder tried to write
+        ├── StartFencedOutError            a start fenced out by a holder that wrote nothing
+        ├── DuplicateSequenceError         expected sequence mismatch (gap or repeat)
+        ├── DuplicateEnvelopeIdError       envelope id already stored
+        ├── CorruptEventError              checksum mismatch or undecodable record
+        └── SchemaVersionError             the database was written by a newer Loom
+
+Every error names the execution it concerns (``execution_id``) where there is one, and says
+what to do next (``hint``). ``to_dict`` / :func:`error_from_dict` round-trip them through JSON,
+which is how errors are recorded in the log and carried across HTTP.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+__all__ = [
+    "ConfigurationError",
+    "CorruptEventError",
+    "DuplicateEnvelopeIdError",
+    "DuplicateSequenceError",
+    "ExecutionAlreadyExistsError",
+    "ExecutionCancelledError",
+    "ExecutionFailedError",
+    "ExecutionNotFoundError",
+    "ExecutionSupersededError",
+    "FlowNotFoundError",
+    "GateTimedOutError",
+    "InvalidInputError",
+    "LoomError",
+    "NonDeterminismError",
+    "NotWaitingError",
+    "PayloadError",
+    "ResumeError",
+    "ResumeValidationError",
+    "SchemaVersionError",
+    "StaleFenceError",
+    "StartFencedOutError",
+    "StepFailedError",
+    "StorageError",
+    "StorageWriteError",
+    "error_from_dict",
+]
+
+
+class LoomError(Exception):
+    """Root of every error Loom raises on purpose."""
+
+    code: ClassVar[str] = "loom_error"
+    default_hint: ClassVar[str | None] = None
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        execution_id: str | None = None,
+        hint: str | None = None,
+        **details: Any,
+    ) -> None:
+        self.message = message
+        self.execution_id = execution_id
+        self.hint = hint if hint is not None else self.default_hint
+        self.details: dict[str, Any] = details
+        text = message
+        if execution_id is not None and execution_id not in message:
+            text = f"{message} (execution {execution_id!r})"
+        if self.hint:
+            text = f"{text}. {self.hint}"
+        super().__init__(text)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready description: ``type``, ``code``, ``message``, ids and details."""
+        return {
+            "type": type(self).__name__,
+            "code": self.code,
+            "message": self.message,
+            "execution_id": self.execution_id,
+            "hint": self.hint,
+            "details": _jsonable(self.details),
+        }
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return repr(value)
+
+
+class ConfigurationError(LoomError):
+    code = "configuration"
+
+
+class PayloadError(LoomError):
+    """A value could not be stored: not JSON, NaN/Infinity, too large or too deeply nested."""
+
+    code = "payload"
+
+
+class FlowNotFoundError(LoomError):
+    code = "flow_not_found"
+    default_hint = "Register the flow (runtime.register(flow)) in the process that runs it"
+
+
+class ExecutionNotFoundError(LoomError):
+    code = "execution_not_found"
+    default_hint = "Check the id with `loom executions`"
+
+
+class ExecutionAlreadyExistsError(LoomError):
+    """A start lost the sequence-0 race: another holder started this execution id first."""
+
+    code = "execution_exists"
+    default_hint = "Await the existing execution by id (load_state) or pick another execution id"
+
+
+class InvalidInputError(LoomError):
+    code = "invalid_input"
+
+
+class ResumeError(LoomError):
+    code = "resume"
+
+
+class ResumeValidationError(ResumeError):
+    """The resume payload failed the gate's schema; nothing was appended."""
+
+    code = "resume_invalid"
+
+
+class NotWaitingError(ResumeError):
+    code = "not_waiting"
+
+
+class GateTimedOutError(ResumeError):
+    """The gate's timeout fired before the decision arrived; the late decision is refused."""
+
+    code = "gate_timed_out"
+
+
+class NonDeterminismError(LoomError):
+    """Replay asked for a different operation than the log holds at that position."""
+
+    code = "non_determinism"
+    default_hint = (
+        "The flow's code changed under a running execution; deploy the change as a new flow "
+        "version and keep the old version registered until its executions finish"
+    )
+
+
+class StepFailedError(LoomError):
+    """A step failed on every attempt of its retry policy; the flow may catch this."""
+
+    code = "step_failed"
+
+
+class ExecutionFailedError(LoomError):
+    code = "execution_failed"
+
+
+class ExecutionCancelledError(LoomError):
+    code = "execution_cancelled"
+
+
+class ExecutionSupersededError(LoomError):
+    """Another holder (a newer fence) owns the execution; await it by id instead."""
+
+    code = "superseded"
+    default_hint = "Another holder owns this execution; await its outcome by id (load_state)"
+
+
+class StorageError(LoomError):
+    code = "storage"
+
+
+class StorageWriteError(StorageError):
+    """The write was not applied. ``__cause__`` says why when the store knows."""
+
+    code = "storage_write"
+
+
+class StaleFenceError(StorageError):
+    """An append carried a fence older than the execution's current one (a zombie holder)."""
+
+    code = "stale_fence"
+
+
+class StartFencedOutError(StorageError):
+    """A start was fenced out by a holder that has not written sequence 0 (safe to retry)."""
+
+    code = "start_fenced_out"
+
+
+class DuplicateSequenceError(StorageError):
+    code = "duplicate_sequence"
+
+
+class DuplicateEnvelopeIdError(StorageError):
+    code = "duplicate_envelope_id"
+
+
+class CorruptEventError(StorageError):
+    """A stored record failed its checksum or could not be decoded."""
+
+    code = "corrupt_event"
+    default_hint = (
+        "The stored record was altered outside Loom; restore the database from a backup. "
+        "Other executions are unaffected"
+    )
+
+
+class SchemaVersionError(StorageError):
+    code = "schema_version"
+    default_hint = "Upgrade loom-runtime to the version that wrote this database"
+
+
+_BY_NAME: dict[str, type[LoomError]] = {
+    cls.__name__: cls
+    for cls in [
+        LoomError,
+        ConfigurationError,
+        PayloadError,
+        FlowNotFoundError,
+        ExecutionNotFoundError,
+        ExecutionAlreadyExistsError,
+        InvalidInputError,
+        ResumeError,
+        ResumeValidationError,
+        NotWaitingError,
+        GateTimedOutError,
+        NonDeterminismError,
+        StepFailedError,
+        ExecutionFailedError,
+        ExecutionCancelledError,
+        ExecutionSupersededError,
+        StorageError,
+        StorageWriteError,
+        StaleFenceError,
+        StartFencedOutError,
+        DuplicateSequenceError,
+        DuplicateEnvelopeIdError,
+        CorruptEventError,
+        SchemaVersionError,
+    ]
+}
+
+
+def error_from_dict(data: dict[str, Any]) -> LoomError:
+    """Rebuild an error from :meth:`LoomError.to_dict` output (unknown types become LoomError)."""
+    cls = _BY_NAME.get(str(data.get("type")), LoomError)
+    details = data.get("details") or {}
+    err = cls(
+        str(data.get("message", "")),
+        execution_id=data.get("execution_id"),
+        hint=data.get("hint"),
+        **(details if isinstance(details, dict) else {}),
+    )
+    return err

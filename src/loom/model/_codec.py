@@ -1,0 +1,89 @@
+"""JSON encoding of stored values, with the size and depth limits every store enforces.
+
+Stored data is data: JSON only, never pickle, so that write access to the database never
+becomes code execution on a worker.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from loom.errors import PayloadError
+
+__all__ = ["DEFAULT_LIMITS", "PayloadLimits", "checksum", "decode_json", "encode_json"]
+
+
+@dataclass(frozen=True, slots=True)
+class PayloadLimits:
+    """Upper bounds for one stored JSON document (an event payload or a snapshot)."""
+
+    max_bytes: int = 1_048_576
+    max_depth: int = 64
+
+
+DEFAULT_LIMITS = PayloadLimits()
+
+_encoder = json.JSONEncoder(allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+
+
+def _depth_exceeds(value: Any, limit: int) -> bool:
+    # Iterative so a hostile document cannot blow the interpreter stack while we measure it.
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            if depth > limit:
+                return True
+            stack.extend((v, depth + 1) for v in item.values())
+        elif isinstance(item, (list, tuple)):
+            if depth > limit:
+                return True
+            stack.extend((v, depth + 1) for v in item)
+    return False
+
+
+def encode_json(
+    value: Any, *, limits: PayloadLimits = DEFAULT_LIMITS, what: str = "payload"
+) -> str:
+    """Encode ``value`` as compact JSON or raise :class:`PayloadError` saying why not."""
+    if isinstance(value, (dict, list, tuple)) and _depth_exceeds(value, limits.max_depth):
+        raise PayloadError(f"{what} is nested deeper than {limits.max_depth} levels")
+    try:
+        text = _encoder.encode(value)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise PayloadError(f"{what} is not storable as JSON: {exc}") from exc
+    if len(text) * 4 > limits.max_bytes and len(text.encode()) > limits.max_bytes:
+        raise PayloadError(
+            f"{what} is {len(text.encode())} bytes, over the {limits.max_bytes}-byte limit",
+            hint="Store large blobs elsewhere and record a reference",
+        )
+    return text
+
+
+def decode_json(text: str | bytes, *, limits: PayloadLimits = DEFAULT_LIMITS) -> Any:
+    """Decode JSON text, refusing oversized, too-deep or non-standard (NaN) documents."""
+    if len(text) > limits.max_bytes * 4:
+        raise PayloadError(f"document is over the {limits.max_bytes}-byte limit")
+    try:
+        value = json.loads(text, parse_constant=_refuse_constant)
+    except (ValueError, RecursionError) as exc:
+        raise PayloadError(f"not valid JSON: {exc}") from exc
+    if isinstance(value, (dict, list)) and _depth_exceeds(value, limits.max_depth):
+        raise PayloadError(f"document is nested deeper than {limits.max_depth} levels")
+    return value
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def checksum(*parts: str) -> str:
+    """The checksum stored beside each record; any change to a part changes it."""
+    h = hashlib.blake2b(digest_size=12)
+    for part in parts:
+        h.update(part.encode())
+        h.update(b"\x1f")
+    return h.hexdigest()

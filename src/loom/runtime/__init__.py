@@ -1,0 +1,33 @@
+"""The runtime: flows, steps, the workflow context and the WorkflowRuntime that drives them."""
+
+from loom.runtime._clock import Clock, SystemClock
+from loom.runtime._context import SuspendExecution, UIState, WorkflowContext
+from loom.runtime._runtime import ExecutionHandle, WorkflowRuntime
+from loom.runtime._sdk import (
+    Flow,
+    RetryPolicy,
+    Step,
+    StepInfo,
+    current_step,
+    flow,
+    handler,
+    step,
+)
+
+__all__ = [
+    "Clock",
+    "ExecutionHandle",
+    "Flow",
+    "RetryPolicy",
+    "Step",
+    "StepInfo",
+    "SuspendExecution",
+    "SystemClock",
+    "UIState",
+    "WorkflowContext",
+    "WorkflowRuntime",
+    "current_step",
+    "flow",
+    "handler",
+    "step",
+]

@@ -1,0 +1,274 @@
+"""WorkflowContext: what a flow uses to run steps, wait on gates and record decisions."""
+
+from __future__ import annotations
+
+import inspect
+import traceback
+from collections.abc import Awaitable, Callable
+from datetime import datetime, timedelta
+from typing import Any, ParamSpec, TypeVar
+
+from loom import faults
+from loom.errors import (
+    GateTimedOutError,
+    LoomError,
+    NonDeterminismError,
+    PayloadError,
+    StepFailedError,
+)
+from loom.model import EventType, OpRecord, encode_json
+from loom.runtime._driver import Driver
+from loom.runtime._sdk import Flow, Step, StepInfo, _current_step, _seconds
+
+__all__ = ["SuspendExecution", "UIState", "WorkflowContext", "error_record"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+T = TypeVar("T")
+
+
+class SuspendExecution(BaseException):  # noqa: N818 - control flow, not an error
+    """Unwinds a flow that is waiting on a durable gate or timer.
+
+    This is Loom's internal control flow. Do not catch it: a bare ``except:`` or
+    ``except BaseException:`` in a flow must re-raise it, or the execution cannot suspend.
+    """
+
+
+def error_record(exc: BaseException) -> dict[str, Any]:
+    """A JSON description of an exception, as recorded in the log."""
+    if isinstance(exc, LoomError):
+        record = exc.to_dict()
+    else:
+        record = {"type": type(exc).__name__, "message": str(exc)}
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    record["traceback"] = tb[-4000:]
+    return record
+
+
+class UIState:
+    """Durable projection state (what a console shows). Patches are buffered and committed
+    with the flow's next durable write, so they cost no commit of their own."""
+
+    def __init__(self, ctx: WorkflowContext) -> None:
+        self._ctx = ctx
+
+    def set(self, key: str, value: Any) -> None:
+        """Set ``key`` to ``value`` (JSON)."""
+        self._ctx._ui_patch("set", key, value)
+
+    def merge(self, key: str, value: dict[str, Any]) -> None:
+        """Shallow-merge the mapping ``value`` into the mapping at ``key``."""
+        self._ctx._ui_patch("merge", key, value)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self._ctx._driver.state.ui.get(key, default)
+
+
+class WorkflowContext:
+    """The flow's handle on durability. Every method is deterministic under replay: each call
+    takes the next *position*, and replay compares what the code asks for at a position with
+    what the log recorded there (raising :class:`NonDeterminismError` on a mismatch)."""
+
+    def __init__(self, driver: Driver, flow: Flow[Any, Any]) -> None:
+        self._driver = driver
+        self._flow = flow
+        self._position = 0
+        self.ui = UIState(self)
+
+    @property
+    def execution_id(self) -> str:
+        return self._driver.state.execution_id
+
+    @property
+    def flow_id(self) -> str:
+        return self._flow.id
+
+    @property
+    def flow_version(self) -> str:
+        return self._flow.version
+
+    @property
+    def is_replaying(self) -> bool:
+        """True while the flow re-walks positions the log already holds."""
+        return self._position in self._driver.state.ops
+
+    def _take_position(self, kind: str, name: str) -> tuple[int, OpRecord | None]:
+        pos = self._position
+        self._position += 1
+        op = self._driver.state.ops.get(pos)
+        if op is not None and (op.kind != kind or op.name != name):
+            raise NonDeterminismError(
+                f"replay of execution {self.execution_id!r} diverged at position {pos}: the "
+                f"log recorded {op.kind} {op.name!r} there, the code now asks for "
+                f"{kind} {name!r}",
+                execution_id=self.execution_id,
+                position=pos,
+                recorded=f"{op.kind}:{op.name}",
+                requested=f"{kind}:{name}",
+            )
+        return pos, op
+
+    def _check_fully_replayed(self) -> None:
+        """A flow that returns before reaching positions the log holds has diverged too."""
+        beyond = [p for p in self._driver.state.ops if p >= self._position]
+        if beyond:
+            pos = min(beyond)
+            op = self._driver.state.ops[pos]
+            raise NonDeterminismError(
+                f"replay of execution {self.execution_id!r} diverged at position {pos}: the "
+                f"log recorded {op.kind} {op.name!r} there, the code now returns instead",
+                execution_id=self.execution_id,
+                position=pos,
+                recorded=f"{op.kind}:{op.name}",
+                requested="return",
+            )
+
+    # ------------------------------------------------------------------ steps
+
+    async def run(self, step: Step[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
+        """Run ``step`` once for this position and record its result.
+
+        On replay a completed step's recorded output is returned without running it; a step
+        that failed for good raises :class:`StepFailedError` again. Retries follow the step's
+        :class:`RetryPolicy`, each attempt recorded.
+        """
+        if not isinstance(step, Step):
+            raise TypeError(f"ctx.run() takes a @loom.step, not {step!r}")
+        pos, op = self._take_position("step", step.id)
+        attempt = 1
+        if op is not None:
+            if op.status == "completed":
+                result: R = step.output.load(op.output)
+                return result
+            if op.status == "failed":
+                raise self._step_failed(step, pos, op.attempts, op.error or {})
+            attempt = op.attempts + 1
+        driver = self._driver
+        while True:
+            info = StepInfo(self.execution_id, pos, attempt, step.id)
+            started_at = driver.clock.now()
+            if step.record_start:
+                await driver.append(
+                    [(EventType.STEP_STARTED, {"position": pos, "step_id": step.id,
+                                                "attempt": attempt})]
+                )
+            token = _current_step.set(info)
+            try:
+                faults.hit("before_effect")
+                value = await step.invoke(*args, **kwargs)
+                output = step.output.dump(value, f"output of step {step.id!r}")
+                # Encoding now turns an unstorable result into a step failure, not a crash.
+                encode_json(output, limits=driver.limits, what=f"output of step {step.id!r}")
+            except Exception as exc:
+                final = not step.retry.should_retry(exc, attempt) or isinstance(exc, PayloadError)
+                record = error_record(exc)
+                await driver.append(
+                    [(EventType.STEP_FAILED, {"position": pos, "step_id": step.id,
+                                               "attempt": attempt, "error": record,
+                                               "final": final})]
+                )
+                if final:
+                    raise self._step_failed(step, pos, attempt, record) from exc
+                await driver.clock.sleep(step.retry.backoff(attempt))
+                attempt += 1
+                continue
+            finally:
+                _current_step.reset(token)
+            faults.hit("after_effect_before_record")
+            await driver.append(
+                [(EventType.STEP_COMPLETED, {"position": pos, "step_id": step.id,
+                                              "attempt": attempt, "output": output,
+                                              "started_at": started_at})]
+            )
+            return value
+
+    def _step_failed(
+        self, step: Step[Any, Any], pos: int, attempts: int, record: dict[str, Any]
+    ) -> StepFailedError:
+        return StepFailedError(
+            f"step {step.id!r} at position {pos} failed after {attempts} attempt(s): "
+            f"{record.get('type', 'Error')}: {record.get('message', '')}",
+            execution_id=self.execution_id,
+            step_id=step.id,
+            position=pos,
+            attempts=attempts,
+            error={k: v for k, v in record.items() if k != "traceback"},
+        )
+
+    # ------------------------------------------------------------------ gates
+
+    async def suspend(
+        self,
+        event_type: str,
+        *,
+        correlation_key: str | None = None,
+        timeout: timedelta | float | None = None,
+    ) -> Any:
+        """Wait durably for ``runtime.resume(execution_id, event_type, payload)``.
+
+        The execution is suspended (no process is held) until the decision arrives; it returns
+        the payload validated against the flow's ``resume_schemas[event_type]``. With
+        ``timeout``, a gate whose deadline passes first raises :class:`GateTimedOutError`
+        in the flow (which may catch it), and a later decision is refused.
+        """
+        pos, op = self._take_position("gate", event_type)
+        if op is not None:
+            if op.status == "resolved":
+                out = op.output or {}
+                if out.get("timed_out"):
+                    raise GateTimedOutError(
+                        f"gate {event_type!r} at position {pos} timed out",
+                        execution_id=self.execution_id,
+                        event_type=event_type,
+                        position=pos,
+                    )
+                codec = self._flow.resume_schemas.get(event_type)
+                payload = out.get("payload")
+                return codec.load(payload) if codec is not None else payload
+            raise SuspendExecution(event_type)
+        timeout_at = None
+        if timeout is not None:
+            timeout_at = self._driver.clock.now() + _seconds(timeout)
+        await self._driver.append(
+            [(EventType.EXECUTION_SUSPENDED, {"position": pos, "event_type": event_type,
+                                               "correlation_key": correlation_key,
+                                               "timeout_at": timeout_at})]
+        )
+        await self._driver.snapshot()
+        faults.hit("after_suspend_recorded")
+        raise SuspendExecution(event_type)
+
+    # ------------------------------------------------------------------ decisions & UI
+
+    async def decide(self, name: str, compute: Callable[[], T | Awaitable[T]]) -> T:
+        """Compute a value once (a random id, the current time, a branch), record it, and
+        return the recorded value on every replay. The value must be JSON."""
+        pos, op = self._take_position("decision", name)
+        if op is not None:
+            recorded: T = op.output
+            return recorded
+        value = compute()
+        if inspect.isawaitable(value):
+            value = await value
+        await self._driver.append(
+            [(EventType.DECISION_RECORDED, {"position": pos, "name": name, "value": value})]
+        )
+        return value  # type: ignore[return-value]
+
+    async def now(self) -> datetime:
+        """The current time, recorded once so replay sees the same instant."""
+        from datetime import UTC
+
+        ts = await self.decide("loom.now", self._driver.clock.now)
+        return datetime.fromtimestamp(ts, UTC)
+
+    def _ui_patch(self, op: str, key: str, value: Any) -> None:
+        pos, recorded = self._take_position("ui", key)
+        if recorded is not None:
+            return
+        # Encode now so a bad value fails at the call site, not at a later unrelated append.
+        encode_json(value, limits=self._driver.limits, what=f"ui value {key!r}")
+        self._driver.pending_ui.append(
+            (EventType.UI_PATCHED, {"position": pos, "op": op, "key": key, "value": value})
+        )

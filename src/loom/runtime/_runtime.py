@@ -1,0 +1,562 @@
+"""WorkflowRuntime: registers flows and starts, resumes, recovers and cancels executions."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import uuid
+from collections.abc import AsyncIterator, Callable
+from types import TracebackType
+from typing import Any, Generic, TypeVar
+
+import pydantic
+
+from loom import faults
+from loom.errors import (
+    ConfigurationError,
+    ExecutionAlreadyExistsError,
+    ExecutionCancelledError,
+    ExecutionFailedError,
+    ExecutionNotFoundError,
+    ExecutionSupersededError,
+    FlowNotFoundError,
+    GateTimedOutError,
+    LoomError,
+    NonDeterminismError,
+    NotWaitingError,
+    PayloadError,
+    ResumeValidationError,
+    StaleFenceError,
+    StorageError,
+)
+from loom.model import (
+    DEFAULT_LIMITS,
+    EventType,
+    ExecutionState,
+    ExecutionStatus,
+    PayloadLimits,
+    apply_event,
+)
+from loom.runtime._clock import Clock, SystemClock
+from loom.runtime._context import SuspendExecution, WorkflowContext, error_record
+from loom.runtime._driver import Driver
+from loom.runtime._sdk import Flow
+from loom.storage import Store
+
+__all__ = ["ExecutionHandle", "WorkflowRuntime"]
+
+log = logging.getLogger("loom.runtime")
+
+O = TypeVar("O")
+
+
+def _superseded(execution_id: str, cause: BaseException) -> ExecutionSupersededError:
+    err = ExecutionSupersededError(
+        f"execution {execution_id!r} was superseded by a newer fence holder",
+        execution_id=execution_id,
+    )
+    err.__cause__ = cause
+    return err
+
+
+class WorkflowRuntime:
+    """Runs flows durably over a store. Owns its tasks; ``close()`` (or ``async with``) stops
+    them, leaving every execution resumable.
+
+    ``store`` defaults to ``SQLiteStore($LOOM_DB or "loom.db")``. ``snapshot_every`` is the
+    number of events between snapshots (loading reads the newest snapshot plus the tail).
+    """
+
+    def __init__(
+        self,
+        store: Store | None = None,
+        *,
+        clock: Clock | None = None,
+        snapshot_every: int = 256,
+        limits: PayloadLimits = DEFAULT_LIMITS,
+    ) -> None:
+        if store is None:
+            from loom.storage import SQLiteStore
+
+            store = SQLiteStore(os.environ.get("LOOM_DB", "loom.db"))
+        if snapshot_every < 1:
+            raise ConfigurationError("snapshot_every must be at least 1")
+        self.store: Store = store
+        self.clock: Clock = clock or SystemClock()
+        self.snapshot_every = snapshot_every
+        self.limits = limits
+        self._flows: dict[str, dict[str, Flow[Any, Any]]] = {}
+        self._drivers: dict[str, Driver] = {}
+        self._closed = False
+
+    # ------------------------------------------------------------------ registry
+
+    def register(self, *flows: Flow[Any, Any]) -> None:
+        """Make flows runnable here. Register every version that still has live executions."""
+        for flow in flows:
+            if not isinstance(flow, Flow):
+                raise ConfigurationError(f"register() takes @loom.flow objects, not {flow!r}")
+            versions = self._flows.setdefault(flow.id, {})
+            existing = versions.get(flow.version)
+            if existing is not None and existing is not flow:
+                raise ConfigurationError(
+                    f"flow {flow.id!r} version {flow.version!r} is already registered"
+                )
+            versions[flow.version] = flow
+
+    def get_flow(self, flow_id: str, version: str | None = None) -> Flow[Any, Any]:
+        """The registered flow (the newest registered version when ``version`` is None)."""
+        versions = self._flows.get(flow_id)
+        if not versions:
+            known = ", ".join(sorted(self._flows)) or "none"
+            raise FlowNotFoundError(f"no flow {flow_id!r} is registered (registered: {known})")
+        if version is None:
+            return list(versions.values())[-1]
+        flow = versions.get(version)
+        if flow is None:
+            raise FlowNotFoundError(
+                f"flow {flow_id!r} version {version!r} is not registered here "
+                f"(registered: {', '.join(versions)})",
+                hint="Executions are pinned to the version they started with; register that "
+                "version alongside the new one until its executions finish",
+            )
+        return flow
+
+    @property
+    def flows(self) -> list[Flow[Any, Any]]:
+        return [f for versions in self._flows.values() for f in versions.values()]
+
+    # ------------------------------------------------------------------ reading
+
+    async def load_state(
+        self, execution_id: str, *, at_sequence: int | None = None
+    ) -> ExecutionState | None:
+        """Fold the execution's durable state (newest snapshot plus the tail). Runs nothing.
+
+        ``at_sequence`` folds only up to that sequence (the state as it was then).
+        Returns None for an unknown execution id.
+        """
+        state, _ = await self._load(execution_id, at_sequence=at_sequence)
+        return state
+
+    async def _load(
+        self, execution_id: str, *, at_sequence: int | None = None
+    ) -> tuple[ExecutionState | None, int]:
+        snap = await self.store.load_snapshot(execution_id)
+        if snap is not None and (at_sequence is None or snap.sequence <= at_sequence):
+            state = ExecutionState.from_dict(snap.state)
+            snap_seq = snap.sequence
+        else:
+            state = ExecutionState(execution_id)
+            snap_seq = -1
+        envelopes = await self.store.read(execution_id, from_sequence=state.last_sequence + 1)
+        for env in envelopes:
+            if at_sequence is not None and env.sequence > at_sequence:
+                break
+            apply_event(state, env)
+        if state.last_sequence < 0:
+            return None, -1
+        return state, snap_seq
+
+    async def _require(self, execution_id: str) -> tuple[ExecutionState, int]:
+        state, snap_seq = await self._load(execution_id)
+        if state is None:
+            raise ExecutionNotFoundError(
+                f"no execution {execution_id!r} in this store", execution_id=execution_id
+            )
+        return state, snap_seq
+
+    async def executions(self) -> AsyncIterator[ExecutionState]:
+        """Every execution's folded state, in id order."""
+        async for execution_id in self.store.iterate_execution_ids():
+            state = await self.load_state(execution_id)
+            if state is not None:
+                yield state
+
+    def handle(self, execution_id: str) -> ExecutionHandle[Any]:
+        """A handle on any execution in the store (started here or elsewhere)."""
+        return ExecutionHandle(self, execution_id, self._drivers.get(execution_id))
+
+    # ------------------------------------------------------------------ start
+
+    async def start(
+        self,
+        flow: Flow[Any, O] | str,
+        input: Any = None,
+        *,
+        execution_id: str | None = None,
+        fence: int | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> ExecutionHandle[O]:
+        """Start an execution and return once its start is durable (the flow runs on).
+
+        Raises :class:`InvalidInputError` (nothing stored) for bad input,
+        :class:`ExecutionAlreadyExistsError` if ``execution_id`` exists.
+        ``fence`` lets a worker runtime start under a fence it already holds.
+        """
+        self._check_open()
+        resolved = self.get_flow(flow) if isinstance(flow, str) else flow
+        if isinstance(flow, Flow) and self._flows.get(flow.id, {}).get(flow.version) is not flow:
+            self.register(flow)
+        execution_id = execution_id or uuid.uuid4().hex
+        _check_id(execution_id)
+        encoded = resolved.encode_input(input, execution_id)
+        if fence is None:
+            # Never fence an existing execution just to learn it exists: that would evict its
+            # live holder. The sequence-0 check below still settles true races.
+            if await self.store.last_sequence(execution_id) >= 0:
+                raise ExecutionAlreadyExistsError(
+                    f"execution {execution_id!r} already exists", execution_id=execution_id
+                )
+            fence = await self.store.acquire_fence(execution_id)
+        state = ExecutionState(execution_id)
+        driver = self._new_driver(state, fence, last_snapshot=-1)
+        payload: dict[str, Any] = {
+            "flow_id": resolved.id,
+            "flow_version": resolved.version,
+            "input": encoded,
+        }
+        if metadata:
+            payload["metadata"] = metadata
+        try:
+            await driver.append([(EventType.EXECUTION_STARTED, payload)])
+        except PayloadError as exc:
+            raise PayloadError(exc.message, execution_id=execution_id) from exc
+        faults.hit("after_start_before_drive")
+        return self._launch(driver, resolved)
+
+    # ------------------------------------------------------------------ resume
+
+    async def resume(
+        self,
+        execution_id: str,
+        event_type: str,
+        payload: Any = None,
+        *,
+        fence: int | None = None,
+    ) -> ExecutionHandle[Any]:
+        """Deliver a gate's decision and continue the execution.
+
+        The payload is validated against the flow's ``resume_schemas[event_type]`` before
+        anything is appended. The first valid decision wins; a later one raises
+        :class:`NotWaitingError`. Raises :class:`ExecutionNotFoundError`,
+        :class:`ResumeValidationError`, :class:`GateTimedOutError` as the case may be.
+        """
+        self._check_open()
+        for _ in range(8):
+            state, snap_seq = await self._require(execution_id)
+            gate = self._waiting_gate(state, event_type)
+            flow = self.get_flow(state.flow_id, state.flow_version)
+            normalized = self._validate_resume(flow, state, event_type, payload)
+            held = fence if fence is not None else await self.store.acquire_fence(execution_id)
+            driver = self._new_driver(state, held, last_snapshot=snap_seq)
+            try:
+                await driver.append(
+                    [(EventType.EXECUTION_RESUMED, {"position": gate.position,
+                                                    "event_type": event_type,
+                                                    "payload": normalized})]
+                )
+            except StaleFenceError as exc:
+                if fence is not None:
+                    raise _superseded(execution_id, exc) from exc
+                continue  # another decision or holder moved first: look again
+            except LoomError as exc:
+                if exc.code == "duplicate_sequence":
+                    continue
+                raise
+            return self._launch(driver, flow)
+        raise NotWaitingError(
+            f"execution {execution_id!r} kept changing while resuming; try again",
+            execution_id=execution_id,
+        )
+
+    def _waiting_gate(self, state: ExecutionState, event_type: str) -> Any:
+        eid = state.execution_id
+        if state.is_terminal:
+            raise NotWaitingError(
+                f"execution {eid!r} is {state.status}; it waits for nothing",
+                execution_id=eid,
+                status=state.status.value,
+            )
+        gate = state.waiting
+        if state.status is not ExecutionStatus.SUSPENDED or gate is None:
+            raise NotWaitingError(
+                f"execution {eid!r} is {state.status}, not waiting on a gate",
+                execution_id=eid,
+                hint="It may already have been decided; see `loom show " + eid + "`",
+            )
+        if gate.event_type != event_type:
+            raise NotWaitingError(
+                f"execution {eid!r} is waiting for {gate.event_type!r}, not {event_type!r}",
+                execution_id=eid,
+                waiting_for=gate.event_type,
+            )
+        if gate.timeout_at is not None and self.clock.now() >= gate.timeout_at:
+            raise GateTimedOutError(
+                f"gate {event_type!r} of execution {eid!r} timed out; the decision is refused",
+                execution_id=eid,
+                event_type=event_type,
+            )
+        return gate
+
+    def _validate_resume(
+        self, flow: Flow[Any, Any], state: ExecutionState, event_type: str, payload: Any
+    ) -> Any:
+        codec = flow.resume_schemas.get(event_type)
+        eid = state.execution_id
+        if codec is None or codec.adapter is None:
+            return payload
+        try:
+            value = codec.adapter.validate_python(payload)
+            return codec.adapter.dump_python(value, mode="json")
+        except pydantic.ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in e['loc']) or '<payload>'}: {e['msg']}"
+                for e in exc.errors()
+            )
+            raise ResumeValidationError(
+                f"resume payload for gate {event_type!r} of execution {eid!r} is invalid: "
+                f"{problems}",
+                execution_id=eid,
+                hint="Nothing was recorded; send a payload that matches the gate's schema",
+                event_type=event_type,
+                problems=exc.errors(include_url=False, include_context=False),
+            ) from exc
+
+    # ------------------------------------------------------------------ recover / cancel
+
+    async def recover(self, execution_id: str, *, fence: int | None = None) -> ExecutionHandle[Any]:
+        """Continue an execution left running by a dead process, from its newest snapshot.
+
+        Completed steps are not re-run; only the interrupted one may run again. A suspended or
+        terminal execution is left as it is (the handle reports its state). Appends
+        ``EXECUTION_RECOVERED`` under a new fence, so the dead holder can never write again.
+        """
+        self._check_open()
+        live = self._drivers.get(execution_id)
+        if live is not None and not live.done.is_set():
+            return ExecutionHandle(self, execution_id, live)
+        state, snap_seq = await self._require(execution_id)
+        if state.status not in (ExecutionStatus.RUNNING, ExecutionStatus.PENDING):
+            return ExecutionHandle(self, execution_id, None)
+        flow = self.get_flow(state.flow_id, state.flow_version)
+        held = fence if fence is not None else await self.store.acquire_fence(execution_id)
+        driver = self._new_driver(state, held, last_snapshot=snap_seq)
+        try:
+            await driver.append(
+                [(EventType.EXECUTION_RECOVERED, {"from_sequence": state.last_sequence,
+                                                  "snapshot_sequence": snap_seq})]
+            )
+        except StaleFenceError as exc:
+            raise _superseded(execution_id, exc) from exc
+        return self._launch(driver, flow)
+
+    async def cancel(self, execution_id: str, reason: str | None = None) -> ExecutionState:
+        """Cancel an execution: fence out its holder, append ``EXECUTION_CANCELLED``.
+
+        The holder's next append is refused and it stops; no later step runs. A terminal
+        execution is returned unchanged.
+        """
+        self._check_open()
+        for _ in range(8):
+            state, snap_seq = await self._require(execution_id)
+            if state.is_terminal:
+                return state
+            fence = await self.store.acquire_fence(execution_id)
+            # Re-read under the new fence: nothing older can append after this point.
+            state, snap_seq = await self._require(execution_id)
+            if state.is_terminal:
+                return state
+            driver = self._new_driver(state, fence, last_snapshot=snap_seq)
+            try:
+                await driver.append([(EventType.EXECUTION_CANCELLED, {"reason": reason})])
+            except StaleFenceError:
+                continue
+            live = self._drivers.get(execution_id)
+            if live is not None and live.task is not None and not live.done.is_set():
+                live.task.cancel()
+            return driver.state
+        raise StorageError(f"could not cancel {execution_id!r}: it kept changing", execution_id=execution_id)
+
+    # ------------------------------------------------------------------ driving
+
+    def _new_driver(self, state: ExecutionState, fence: int, *, last_snapshot: int) -> Driver:
+        return Driver(
+            self.store,
+            state,
+            fence,
+            self.clock,
+            snapshot_every=self.snapshot_every,
+            limits=self.limits,
+            last_snapshot=last_snapshot,
+        )
+
+    def _launch(self, driver: Driver, flow: Flow[Any, O]) -> ExecutionHandle[O]:
+        eid = driver.state.execution_id
+        self._drivers[eid] = driver
+        driver.task = asyncio.create_task(self._drive(driver, flow), name=f"loom:{eid}")
+        return ExecutionHandle(self, eid, driver)
+
+    async def _drive(self, driver: Driver, flow: Flow[Any, Any]) -> None:
+        eid = driver.state.execution_id
+        ctx = WorkflowContext(driver, flow)
+        try:
+            try:
+                if flow.takes_input:
+                    out = await flow.fn(ctx, flow.input.load(driver.state.input))
+                else:
+                    out = await flow.fn(ctx)
+                ctx._check_fully_replayed()
+                output = flow.output.dump(out, f"output of flow {flow.id!r}")
+            except SuspendExecution:
+                return
+            except (NonDeterminismError, StorageError):
+                raise
+            except Exception as exc:
+                await driver.append([(EventType.EXECUTION_FAILED, {"error": error_record(exc)})])
+            else:
+                await driver.append([(EventType.EXECUTION_COMPLETED, {"output": output})])
+        except StaleFenceError as exc:
+            driver.error = _superseded(eid, exc)
+        except asyncio.CancelledError as exc:
+            driver.error = exc
+            raise
+        except BaseException as exc:
+            driver.error = exc
+            if not isinstance(exc, Exception):
+                raise
+            log.warning("execution %s stopped without an outcome: %r", eid, exc)
+        finally:
+            driver.done.set()
+            if self._drivers.get(eid) is driver:
+                del self._drivers[eid]
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ConfigurationError("this WorkflowRuntime is closed")
+
+    async def close(self) -> None:
+        """Stop driving executions (they stay resumable) and close the store."""
+        if self._closed:
+            return
+        self._closed = True
+        tasks = [d.task for d in self._drivers.values() if d.task is not None]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        await self.store.close()
+
+    async def __aenter__(self) -> WorkflowRuntime:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+
+_MAX_ID = 256
+
+
+def _check_id(execution_id: str) -> None:
+    if not isinstance(execution_id, str) or not execution_id or len(execution_id) > _MAX_ID:
+        raise ConfigurationError(
+            f"an execution id must be a non-empty string of at most {_MAX_ID} characters"
+        )
+    if any(ord(c) < 32 for c in execution_id):
+        raise ConfigurationError("an execution id must not contain control characters")
+
+
+class ExecutionHandle(Generic[O]):
+    """A handle on one execution: wait for it to suspend or finish, read its state/result."""
+
+    def __init__(self, runtime: WorkflowRuntime, execution_id: str, driver: Driver | None) -> None:
+        self.runtime = runtime
+        self.execution_id = execution_id
+        self._driver = driver
+
+    async def state(self) -> ExecutionState:
+        state, _ = await self.runtime._require(self.execution_id)
+        return state
+
+    async def _wait(
+        self, done: Callable[[ExecutionState], bool], timeout: float | None
+    ) -> ExecutionState:
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+
+        def remaining() -> float | None:
+            return None if deadline is None else max(0.0, deadline - loop.time())
+
+        while True:
+            drv = self._driver
+            if drv is not None and not drv.done.is_set():
+                await asyncio.wait_for(drv.done.wait(), remaining())
+            if drv is not None and drv.error is not None:
+                raise drv.error
+            state = await self.state()
+            if done(state):
+                return state
+            newer = self.runtime._drivers.get(self.execution_id)
+            if newer is not None and newer is not drv:
+                self._driver = newer
+                continue
+            left = remaining()
+            if left is not None and left <= 0:
+                raise TimeoutError(
+                    f"execution {self.execution_id!r} is still {state.status} after {timeout}s"
+                )
+            await self.runtime.store.wait_for_append(
+                self.execution_id, state.last_sequence, timeout=left
+            )
+
+    async def settled(self, timeout: float | None = None) -> ExecutionState:
+        """Wait until the execution is suspended or terminal."""
+        return await self._wait(
+            lambda s: s.is_terminal or s.status is ExecutionStatus.SUSPENDED, timeout
+        )
+
+    async def wait_for_suspend(self, timeout: float | None = None) -> ExecutionState:
+        """Wait until the execution suspends on a gate. Raises NotWaitingError if it ends
+        instead."""
+        state = await self.settled(timeout)
+        if state.is_terminal:
+            raise NotWaitingError(
+                f"execution {self.execution_id!r} ended {state.status} without suspending",
+                execution_id=self.execution_id,
+            )
+        return state
+
+    async def wait_for_completion(self, timeout: float | None = None) -> ExecutionState:
+        """Wait until the execution is completed, failed or cancelled (across any gates)."""
+        return await self._wait(lambda s: s.is_terminal, timeout)
+
+    async def result(self, timeout: float | None = None) -> O:
+        """The flow's output (validated against its return type). Raises
+        :class:`ExecutionFailedError` or :class:`ExecutionCancelledError` otherwise."""
+        state = await self.wait_for_completion(timeout)
+        if state.status is ExecutionStatus.COMPLETED:
+            flow = self.runtime.get_flow(state.flow_id, state.flow_version)
+            value: O = flow.output.load(state.output)
+            return value
+        if state.status is ExecutionStatus.CANCELLED:
+            raise ExecutionCancelledError(
+                f"execution {self.execution_id!r} was cancelled ({state.cancel_reason})",
+                execution_id=self.execution_id,
+            )
+        err = state.error or {}
+        raise ExecutionFailedError(
+            f"execution {self.execution_id!r} failed: {err.get('type')}: {err.get('message')}",
+            execution_id=self.execution_id,
+            error={k: v for k, v in err.items() if k != "traceback"},
+        )
+
+    def __repr__(self) -> str:
+        return f"<ExecutionHandle {self.execution_id!r}>"

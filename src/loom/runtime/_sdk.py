@@ -1,0 +1,301 @@
+"""The authoring API: ``@loom.step``, ``@loom.handler``, ``@loom.flow`` and retry policies."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import typing
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from contextvars import ContextVar
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
+
+import pydantic
+
+from loom.errors import ConfigurationError, InvalidInputError, PayloadError
+
+if TYPE_CHECKING:
+    from loom.runtime._context import WorkflowContext
+
+__all__ = [
+    "Flow",
+    "RetryPolicy",
+    "Step",
+    "StepInfo",
+    "current_step",
+    "flow",
+    "handler",
+    "step",
+]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+I = TypeVar("I")  # noqa: E741 - the conventional name for a flow's input type
+O = TypeVar("O")
+
+
+def _seconds(value: timedelta | float) -> float:
+    return value.total_seconds() if isinstance(value, timedelta) else float(value)
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """How often a failing step is attempted again, and how long to wait between attempts.
+
+    Every attempt is recorded in the log (``STEP_FAILED`` with its attempt number), so a retry
+    sequence survives a crash: a recovered execution continues with the next attempt.
+    """
+
+    max_attempts: int = 1
+    initial_backoff: float = 1.0
+    backoff_multiplier: float = 2.0
+    max_backoff: float = 60.0
+    non_retryable: tuple[type[BaseException], ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1:
+            raise ConfigurationError("RetryPolicy.max_attempts must be at least 1")
+        if self.initial_backoff < 0 or self.max_backoff < 0 or self.backoff_multiplier < 1:
+            raise ConfigurationError("RetryPolicy backoffs must be >= 0 and multiplier >= 1")
+
+    def should_retry(self, exc: BaseException, attempt: int) -> bool:
+        return attempt < self.max_attempts and not isinstance(exc, self.non_retryable)
+
+    def backoff(self, attempt: int) -> float:
+        """Seconds to wait after failed attempt number ``attempt`` (1-based)."""
+        delay = self.initial_backoff * self.backoff_multiplier ** (attempt - 1)
+        return float(min(delay, self.max_backoff))
+
+
+NO_RETRY = RetryPolicy()
+
+
+@dataclass(frozen=True, slots=True)
+class StepInfo:
+    """What a running step may know about itself: pass ``idempotency_key`` to callees that
+    honour one, so the one re-run a crash can cause is absorbed downstream."""
+
+    execution_id: str
+    position: int
+    attempt: int
+    step_id: str
+
+    @property
+    def idempotency_key(self) -> str:
+        return f"{self.execution_id}/{self.position}"
+
+
+_current_step: ContextVar[StepInfo | None] = ContextVar("loom_current_step", default=None)
+
+
+def current_step() -> StepInfo | None:
+    """The step running in this task, or None outside a step."""
+    return _current_step.get()
+
+
+class _Codec:
+    """JSON-mode (de)serialisation through a pydantic TypeAdapter; ``Any`` passes through."""
+
+    __slots__ = ("adapter", "annotation")
+
+    def __init__(self, annotation: Any) -> None:
+        self.annotation = annotation
+        self.adapter: pydantic.TypeAdapter[Any] | None = (
+            None if annotation is Any or annotation is inspect.Parameter.empty
+            else pydantic.TypeAdapter(annotation)
+        )
+
+    def dump(self, value: Any, what: str) -> Any:
+        if self.adapter is None:
+            return value
+        try:
+            return self.adapter.dump_python(value, mode="json")
+        except (pydantic.ValidationError, pydantic.PydanticSerializationError) as exc:
+            raise PayloadError(f"{what} does not match {self.annotation!r}: {exc}") from exc
+
+    def load(self, data: Any) -> Any:
+        if self.adapter is None:
+            return data
+        return self.adapter.validate_python(data)
+
+
+def _hints(fn: Callable[..., Any]) -> dict[str, Any]:
+    try:
+        return typing.get_type_hints(fn)
+    except Exception:  # unresolvable forward references: fall back to JSON passthrough
+        return {}
+
+
+class Step(Generic[P, R]):
+    """A named effect. Inside a flow, call it through ``ctx.run(step, ...)`` so its result is
+    recorded once and served from the log on replay. Called directly, it just runs."""
+
+    def __init__(
+        self,
+        fn: Callable[P, Awaitable[R]] | Callable[P, R],
+        *,
+        id: str,
+        retry: RetryPolicy = NO_RETRY,
+        record_start: bool = False,
+    ) -> None:
+        if not id:
+            raise ConfigurationError("a step needs a non-empty id")
+        self.fn = fn
+        self.id = id
+        self.retry = retry
+        self.record_start = record_start
+        self.is_async = inspect.iscoroutinefunction(fn)
+        self.output = _Codec(_hints(fn).get("return", Any))
+        self.__doc__ = fn.__doc__
+        self.__name__ = getattr(fn, "__name__", id)
+
+    async def invoke(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        """Run the handler once: async handlers are awaited, sync ones run in a thread."""
+        if self.is_async:
+            return await typing.cast(Callable[P, Awaitable[R]], self.fn)(*args, **kwargs)
+        return await asyncio.to_thread(typing.cast(Callable[P, R], self.fn), *args, **kwargs)
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> Awaitable[R]:
+        return self.invoke(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<loom.Step {self.id!r}>"
+
+
+class _StepDecorator:
+    def __init__(self, id: str | None, retry: RetryPolicy, record_start: bool) -> None:
+        self.id = id
+        self.retry = retry
+        self.record_start = record_start
+
+    @overload
+    def __call__(self, fn: Callable[P, Coroutine[Any, Any, R]]) -> Step[P, R]: ...
+    @overload
+    def __call__(self, fn: Callable[P, R]) -> Step[P, R]: ...
+    def __call__(self, fn: Callable[P, Any]) -> Step[P, Any]:
+        return Step(
+            fn,
+            id=self.id or f"{fn.__module__}.{fn.__qualname__}",
+            retry=self.retry,
+            record_start=self.record_start,
+        )
+
+
+@overload
+def step(fn: Callable[P, Coroutine[Any, Any, R]], /) -> Step[P, R]: ...
+@overload
+def step(fn: Callable[P, R], /) -> Step[P, R]: ...
+@overload
+def step(
+    *, id: str | None = None, retry: RetryPolicy | None = None, record_start: bool = False
+) -> _StepDecorator: ...
+def step(
+    fn: Callable[P, Any] | None = None,
+    /,
+    *,
+    id: str | None = None,
+    retry: RetryPolicy | None = None,
+    record_start: bool = False,
+) -> Step[P, Any] | _StepDecorator:
+    """Declare a step: a named effect whose result is recorded once per execution position.
+
+    ``id`` names the step in the log (default: module.qualname); renaming it is a change replay
+    detects. ``retry`` is its :class:`RetryPolicy`. ``record_start=True`` makes the step's start
+    durable before its effect runs (one more commit; useful for long effects an operator should
+    see in flight); by default a step costs exactly one commit, after its effect.
+    """
+    decorator = _StepDecorator(id, retry or NO_RETRY, record_start)
+    if fn is not None:
+        return decorator(fn)
+    return decorator
+
+
+@overload
+def handler(fn: Callable[P, Coroutine[Any, Any, R]], /) -> Step[P, R]: ...
+@overload
+def handler(fn: Callable[P, R], /) -> Step[P, R]: ...
+@overload
+def handler(*, id: str | None = None, retry: RetryPolicy | None = None) -> _StepDecorator: ...
+def handler(
+    fn: Callable[P, Any] | None = None,
+    /,
+    *,
+    id: str | None = None,
+    retry: RetryPolicy | None = None,
+) -> Step[P, Any] | _StepDecorator:
+    """Wrap a plain function (sync or async) as a reusable effect, usable with ``ctx.run``.
+
+    The same as :func:`step`, named for the common case of adapting existing code
+    (``send_email = loom.handler(smtp.send)``).
+    """
+    decorator = _StepDecorator(id, retry or NO_RETRY, False)
+    if fn is not None:
+        return decorator(fn)
+    return decorator
+
+
+FlowFn = Callable[["WorkflowContext", I], Awaitable[O]]
+
+
+class Flow(Generic[I, O]):
+    """A registered unit of durable work: an async function ``(ctx, input) -> output``."""
+
+    def __init__(
+        self,
+        fn: Callable[..., Awaitable[O]],
+        *,
+        id: str,
+        version: str,
+        resume_schemas: Mapping[str, Any] | None = None,
+    ) -> None:
+        if not id:
+            raise ConfigurationError("a flow needs a non-empty id")
+        if not inspect.iscoroutinefunction(fn):
+            raise ConfigurationError(f"flow {id!r} must be an async function (ctx, input)")
+        params = list(inspect.signature(fn).parameters.values())
+        if not 1 <= len(params) <= 2:
+            raise ConfigurationError(
+                f"flow {id!r} must take (ctx) or (ctx, input), not {len(params)} parameters"
+            )
+        hints = _hints(fn)
+        self.fn = fn
+        self.id = id
+        self.version = str(version)
+        self.takes_input = len(params) == 2
+        self.input = _Codec(hints.get(params[1].name, Any) if self.takes_input else Any)
+        self.output = _Codec(hints.get("return", Any))
+        self.resume_schemas: dict[str, _Codec] = {
+            name: _Codec(schema) for name, schema in (resume_schemas or {}).items()
+        }
+        self.__doc__ = fn.__doc__
+        self.__name__ = getattr(fn, "__name__", id)
+
+    def encode_input(self, value: Any, execution_id: str | None = None) -> Any:
+        """Validate and JSON-encode a start input; raise InvalidInputError before anything runs."""
+        if self.input.adapter is None:
+            return value
+        try:
+            model = self.input.adapter.validate_python(value)
+            return self.input.adapter.dump_python(model, mode="json")
+        except pydantic.ValidationError as exc:
+            raise InvalidInputError(
+                f"input for flow {self.id!r} is invalid: {exc}",
+                execution_id=execution_id,
+                hint="Nothing was started; fix the input and start again",
+            ) from exc
+
+    def __repr__(self) -> str:
+        return f"<loom.Flow {self.id!r} v{self.version}>"
+
+
+def flow(
+    *, id: str, version: str = "1", resume_schemas: Mapping[str, Any] | None = None
+) -> Callable[[Callable[..., Awaitable[O]]], Flow[Any, O]]:
+    """Declare a flow. ``resume_schemas`` maps each gate's event type to the pydantic type its
+    resume payload must match; a payload that does not is refused before it is appended."""
+
+    def decorate(fn: Callable[..., Awaitable[O]]) -> Flow[Any, O]:
+        return Flow(fn, id=id, version=version, resume_schemas=resume_schemas)
+
+    return decorate

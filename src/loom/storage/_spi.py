@@ -1,0 +1,102 @@
+"""The storage SPI: small Protocols with a written contract per method."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+from loom.model import Envelope
+
+__all__ = ["EventStore", "Snapshot", "SnapshotStore", "Store"]
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """A folded ``ExecutionState`` (as its ``to_dict``) covering sequences ``0..sequence``."""
+
+    execution_id: str
+    sequence: int
+    state: dict[str, Any]
+
+
+@runtime_checkable
+class EventStore(Protocol):
+    """The append-only log of every execution.
+
+    Concurrency contract: any number of callers, threads or processes (where the store spans
+    processes) may call any method at once; the guarantees below hold across all of them.
+    """
+
+    async def append(self, envelopes: Sequence[Envelope]) -> None:
+        """Atomically append ``envelopes`` (one execution, dense sequences, one fence).
+
+        All or nothing. The batch's first sequence must be the execution's next one and every
+        envelope must carry the execution's *current* fence (see :meth:`acquire_fence`).
+
+        Raises, with nothing written:
+          * ``ExecutionAlreadyExistsError`` - the batch starts at 0 and sequence 0 exists;
+          * ``StorageWriteError`` caused by ``StartFencedOutError`` - the batch starts at 0,
+            nothing exists, and a newer fence was taken by a holder that has not written;
+          * ``StaleFenceError`` - the fence is not the current one (a newer holder exists);
+          * ``DuplicateSequenceError`` - the first sequence is not the next one (gap/repeat);
+          * ``DuplicateEnvelopeIdError`` - an envelope id is already stored;
+          * ``StorageWriteError`` - the store could not commit (I/O, connection); its
+            ``__cause__`` is the underlying error.
+        """
+        ...
+
+    async def read(self, execution_id: str, *, from_sequence: int = 0) -> list[Envelope]:
+        """Envelopes with ``sequence >= from_sequence`` in order; ``[]`` for an unknown id.
+
+        Raises ``CorruptEventError`` if a record fails its checksum or cannot be decoded.
+        """
+        ...
+
+    async def last_sequence(self, execution_id: str) -> int:
+        """Highest stored sequence, or -1 when the execution has no events."""
+        ...
+
+    async def acquire_fence(self, execution_id: str) -> int:
+        """Take a new durable fence: strictly greater than every fence issued before for this
+        execution (across restarts and processes). Appends with older fences are refused."""
+        ...
+
+    async def current_fence(self, execution_id: str) -> int:
+        """The newest fence issued for the execution (0 if none)."""
+        ...
+
+    def iterate_execution_ids(
+        self, *, after: str | None = None, page_size: int = 256
+    ) -> AsyncIterator[str]:
+        """Every execution id with at least one event, ascending, paging by ``after``."""
+        ...
+
+    async def wait_for_append(
+        self, execution_id: str, after_sequence: int, *, timeout: float | None = None
+    ) -> int:
+        """Wait until an event with sequence > ``after_sequence`` exists (or ``timeout``);
+        return the highest stored sequence either way."""
+        ...
+
+    async def close(self) -> None:
+        """Release connections and threads. Idempotent."""
+        ...
+
+
+@runtime_checkable
+class SnapshotStore(Protocol):
+    """Folded states that let loading read a snapshot plus the tail of the log."""
+
+    async def save_snapshot(self, snapshot: Snapshot) -> None:
+        """Keep ``snapshot`` unless one with a higher or equal sequence is already stored."""
+        ...
+
+    async def load_snapshot(self, execution_id: str) -> Snapshot | None:
+        """The newest snapshot, or None. Raises ``CorruptEventError`` if it fails its checksum."""
+        ...
+
+
+@runtime_checkable
+class Store(EventStore, SnapshotStore, Protocol):
+    """An event store that also keeps snapshots: what ``WorkflowRuntime`` needs."""

@@ -1,0 +1,125 @@
+"""InMemoryStore: the reference store. Nothing is durable; use it to test flows."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+
+from loom import faults
+from loom.errors import DuplicateEnvelopeIdError, StorageWriteError
+from loom.model import Envelope, decode_json, encode_json
+from loom.storage._common import SNAPSHOT_LIMITS, Waiters, batch_head, refusal_for
+from loom.storage._spi import Snapshot
+
+__all__ = ["InMemoryStore"]
+
+
+@dataclass
+class _Head:
+    fence: int = 0
+    events: list[Envelope] = field(default_factory=list)
+
+
+class InMemoryStore:
+    """Event, snapshot and fence storage in process memory (thread-safe, any event loop)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._heads: dict[str, _Head] = {}
+        self._envelope_ids: set[str] = set()
+        self._snapshots: dict[str, tuple[int, str]] = {}
+        self._waiters = Waiters()
+        self._closed = False
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StorageWriteError("the store is closed")
+
+    async def append(self, envelopes: Sequence[Envelope]) -> None:
+        execution_id, first, fence = batch_head(envelopes)
+        self._check_open()
+        faults.hit("before_append")
+        with self._lock:
+            head = self._heads.get(execution_id) or _Head()
+            refusal = refusal_for(execution_id, first, fence, head.fence, len(head.events))
+            if refusal is not None:
+                raise refusal
+            ids = [e.envelope_id for e in envelopes]
+            taken = [i for i in ids if i in self._envelope_ids]
+            if taken or len(set(ids)) != len(ids):
+                dup = taken[0] if taken else ids[0]
+                raise DuplicateEnvelopeIdError(
+                    f"envelope id {dup!r} is already stored", execution_id=execution_id
+                )
+            faults.hit("before_commit")
+            self._heads[execution_id] = head
+            head.events.extend(envelopes)
+            self._envelope_ids.update(ids)
+        faults.hit("after_append_before_ack")
+        self._waiters.notify([execution_id])
+
+    async def read(self, execution_id: str, *, from_sequence: int = 0) -> list[Envelope]:
+        with self._lock:
+            head = self._heads.get(execution_id)
+            return list(head.events[max(from_sequence, 0) :]) if head else []
+
+    async def last_sequence(self, execution_id: str) -> int:
+        with self._lock:
+            head = self._heads.get(execution_id)
+            return len(head.events) - 1 if head else -1
+
+    async def acquire_fence(self, execution_id: str) -> int:
+        self._check_open()
+        with self._lock:
+            head = self._heads.setdefault(execution_id, _Head())
+            head.fence += 1
+            return head.fence
+
+    async def current_fence(self, execution_id: str) -> int:
+        with self._lock:
+            head = self._heads.get(execution_id)
+            return head.fence if head else 0
+
+    async def iterate_execution_ids(
+        self, *, after: str | None = None, page_size: int = 256
+    ) -> AsyncIterator[str]:
+        cursor = after
+        while True:
+            with self._lock:
+                ids = sorted(
+                    k for k, h in self._heads.items() if h.events and (cursor is None or k > cursor)
+                )[:page_size]
+            for execution_id in ids:
+                yield execution_id
+            if len(ids) < page_size:
+                return
+            cursor = ids[-1]
+
+    async def wait_for_append(
+        self, execution_id: str, after_sequence: int, *, timeout: float | None = None
+    ) -> int:
+        return await self._waiters.wait(
+            execution_id, after_sequence, timeout, self.last_sequence, None
+        )
+
+    async def save_snapshot(self, snapshot: Snapshot) -> None:
+        self._check_open()
+        with self._lock:
+            old = self._snapshots.get(snapshot.execution_id)
+            if old is None or old[0] < snapshot.sequence:
+                # Stored as JSON text like every other store, so nothing aliases caller state.
+                self._snapshots[snapshot.execution_id] = (
+                    snapshot.sequence,
+                    encode_json(snapshot.state, limits=SNAPSHOT_LIMITS, what="snapshot"),
+                )
+
+    async def load_snapshot(self, execution_id: str) -> Snapshot | None:
+        with self._lock:
+            stored = self._snapshots.get(execution_id)
+        if stored is None:
+            return None
+        return Snapshot(execution_id, stored[0], decode_json(stored[1], limits=SNAPSHOT_LIMITS))
+
+    async def close(self) -> None:
+        self._closed = True

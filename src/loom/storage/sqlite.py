@@ -1,0 +1,504 @@
+"""SQLiteStore: the embedded default.
+
+* WAL journal; ``synchronous=FULL`` by default, so an OS crash or power loss loses no
+  acknowledged record. ``synchronous="NORMAL"`` is a documented opt-in: it survives process
+  crashes but may lose the last commits on power loss.
+* One writer thread owns the only write connection. Every write (append, fence, snapshot) is a
+  request on its queue; requests that arrive while a commit is in flight are coalesced into the
+  next transaction (group commit), each inside its own SAVEPOINT so that one caller's refusal
+  never fails another caller. A failed COMMIT fails every caller in the batch with that one
+  error and stops the writer: a commit is never retried blindly.
+* Reads run on the calling thread over a per-thread connection; in WAL they never block on the
+  writer. Other processes may open the same file: fences, sequences and envelope uniqueness are
+  checked inside ``BEGIN IMMEDIATE`` transactions, so they hold across processes too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import queue
+import sqlite3
+import threading
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from loom import faults
+from loom.errors import (
+    ConfigurationError,
+    DuplicateEnvelopeIdError,
+    LoomError,
+    SchemaVersionError,
+    StorageWriteError,
+)
+from loom.model import DEFAULT_LIMITS, Envelope, PayloadLimits, encode_json
+from loom.storage._common import (
+    SNAPSHOT_LIMITS,
+    Waiters,
+    batch_head,
+    decode_envelope,
+    decode_snapshot,
+    refusal_for,
+    snapshot_checksum,
+)
+from loom.storage._spi import Snapshot
+
+__all__ = ["SQLiteStore"]
+
+SCHEMA_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS loom_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS loom_heads (
+    execution_id TEXT PRIMARY KEY,
+    fence INTEGER NOT NULL,
+    next_sequence INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS loom_events (
+    execution_id TEXT NOT NULL,
+    sequence INTEGER NOT NULL,
+    envelope_id TEXT NOT NULL UNIQUE,
+    type TEXT NOT NULL,
+    payload TEXT NOT NULL,
+    recorded_at REAL NOT NULL,
+    fence INTEGER NOT NULL,
+    checksum TEXT NOT NULL,
+    PRIMARY KEY (execution_id, sequence)
+);
+CREATE TABLE IF NOT EXISTS loom_snapshots (
+    execution_id TEXT PRIMARY KEY,
+    sequence INTEGER NOT NULL,
+    state TEXT NOT NULL,
+    checksum TEXT NOT NULL
+) WITHOUT ROWID;
+"""
+
+
+@dataclass(eq=False)
+class _Request:
+    """One caller's write, answered on the caller's event loop."""
+
+    apply: Callable[[sqlite3.Connection], Any]
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[Any]
+    notify: str | None = None
+    result: Any = None
+    error: BaseException | None = field(default=None)
+
+
+_STOP = object()
+
+
+def _answer(req: _Request) -> None:
+    if req.future.done():  # the caller gave up (cancelled); nothing to tell it
+        return
+    if req.error is not None:
+        req.future.set_exception(req.error)
+    else:
+        req.future.set_result(req.result)
+
+
+class SQLiteStore:
+    """The embedded event, snapshot and fence store over one SQLite file.
+
+    ``path`` may be ``":memory:"`` only for throwaway use within one connection; prefer a file.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        synchronous: Literal["FULL", "NORMAL"] = "FULL",
+        busy_timeout: float = 10.0,
+        group_commit: bool = True,
+        max_batch: int = 1024,
+        poll_interval: float = 0.05,
+        limits: PayloadLimits = DEFAULT_LIMITS,
+    ) -> None:
+        if synchronous not in ("FULL", "NORMAL"):
+            raise ConfigurationError(f"synchronous must be 'FULL' or 'NORMAL', not {synchronous!r}")
+        self.path = str(path)
+        self.synchronous = synchronous
+        self.busy_timeout = busy_timeout
+        self.group_commit = group_commit
+        self.max_batch = max_batch if group_commit else 1
+        self.poll_interval = poll_interval
+        self.limits = limits
+        self._waiters = Waiters()
+        self._local = threading.local()
+        self._readers: list[sqlite3.Connection] = []
+        self._readers_lock = threading.Lock()
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._writer: threading.Thread | None = None
+        self._writer_lock = threading.Lock()
+        self._writer_pid = 0
+        self._broken: BaseException | None = None
+        self._closed = False
+        if self.path != ":memory:":
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        # Create (or check) the schema now so a bad file fails at construction, not mid-flow.
+        conn = self._connect()
+        try:
+            self._migrate(conn)
+        finally:
+            conn.close()
+
+    # ---------------------------------------------------------------- connections
+
+    def _connect(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(
+            self.path,
+            timeout=self.busy_timeout,
+            isolation_level=None,  # we issue BEGIN/COMMIT ourselves
+            check_same_thread=False,
+        )
+        conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute(f"PRAGMA synchronous = {self.synchronous}")
+        return conn
+
+    def _migrate(self, conn: sqlite3.Connection) -> None:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            for statement in filter(None, (s.strip() for s in _SCHEMA.split(";"))):
+                conn.execute(statement)
+            row = conn.execute("SELECT value FROM loom_meta WHERE key = 'schema_version'").fetchone()
+            if row is None:
+                conn.execute(
+                    "INSERT INTO loom_meta (key, value) VALUES ('schema_version', ?)",
+                    (str(SCHEMA_VERSION),),
+                )
+            elif int(row[0]) > SCHEMA_VERSION:
+                raise SchemaVersionError(
+                    f"{self.path} has Loom schema version {row[0]}; this Loom reads up to "
+                    f"{SCHEMA_VERSION}"
+                )
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+
+    def _reader(self) -> sqlite3.Connection:
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        pid = os.getpid()
+        if conn is None or getattr(self._local, "pid", None) != pid:
+            # Connections never cross a fork: a child opens its own.
+            if self._closed:
+                raise StorageWriteError(f"the SQLite store {self.path} is closed")
+            conn = self._connect()
+            conn.execute("PRAGMA query_only = ON")
+            self._local.conn = conn
+            self._local.pid = pid
+            with self._readers_lock:
+                self._readers.append(conn)
+        return conn
+
+    # ---------------------------------------------------------------- the writer
+
+    def _ensure_writer(self) -> None:
+        pid = os.getpid()
+        if self._writer is not None and self._writer_pid == pid:
+            return
+        with self._writer_lock:
+            if self._writer is not None and self._writer_pid == pid:
+                return
+            self._queue = queue.SimpleQueue()
+            self._writer_pid = pid
+            self._writer = threading.Thread(
+                target=self._write_loop, name=f"loom-sqlite-writer:{self.path}", daemon=True
+            )
+            self._writer.start()
+
+    async def _submit(self, apply: Callable[[sqlite3.Connection], Any], notify: str | None) -> Any:
+        if self._closed:
+            raise StorageWriteError(f"the SQLite store {self.path} is closed")
+        if self._broken is not None:
+            raise StorageWriteError(
+                f"the SQLite writer for {self.path} stopped after a failed commit; "
+                "nothing was written. Reopen the store after checking the disk",
+            ) from self._broken
+        self._ensure_writer()
+        loop = asyncio.get_running_loop()
+        req = _Request(apply, loop, loop.create_future(), notify)
+        self._queue.put(req)
+        return await req.future
+
+    def _write_loop(self) -> None:
+        conn = self._connect()
+        try:
+            while True:
+                item = self._queue.get()
+                if item is _STOP:
+                    return
+                batch: list[_Request] = [item]
+                stop_after = False
+                while len(batch) < self.max_batch:
+                    try:
+                        more = self._queue.get_nowait()
+                    except queue.Empty:
+                        break
+                    if more is _STOP:
+                        stop_after = True
+                        break
+                    batch.append(more)
+                self._run_batch(conn, batch)
+                if stop_after:
+                    return
+        finally:
+            conn.close()
+
+    def _run_batch(self, conn: sqlite3.Connection, batch: list[_Request]) -> None:
+        if self._broken is not None:
+            self._fail_all(batch, StorageWriteError(f"the SQLite writer for {self.path} stopped"))
+            return
+        single = len(batch) == 1
+        try:
+            faults.hit("before_append")
+            conn.execute("BEGIN IMMEDIATE")
+        except (sqlite3.Error, faults.InjectedFault) as exc:
+            self._fail_all(batch, self._write_error("could not begin a write transaction", exc))
+            return
+        try:
+            for req in batch:
+                if not single:
+                    conn.execute("SAVEPOINT loom_request")
+                try:
+                    req.result = req.apply(conn)
+                except LoomError as refusal:
+                    req.error = refusal
+                    if not single:
+                        conn.execute("ROLLBACK TO loom_request")
+                if not single:
+                    conn.execute("RELEASE loom_request")
+            if all(r.error is not None for r in batch):
+                conn.execute("ROLLBACK")
+                self._answer_all(batch)
+                return
+            faults.hit("before_commit")
+        except BaseException as exc:
+            # A statement failed for a reason that is not a refusal (disk full, I/O error):
+            # nothing of this batch is committed, and every caller in it is told so.
+            try:
+                conn.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass
+            self._fail_all(batch, self._write_error("a write statement failed", exc))
+            return
+        try:
+            conn.execute("COMMIT")
+        except BaseException as exc:
+            self._broken = exc
+            try:
+                conn.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass
+            self._fail_all(batch, self._write_error("COMMIT failed; the writer stopped", exc))
+            return
+        faults.hit("after_append_before_ack")
+        self._answer_all(batch)
+
+    def _write_error(self, what: str, exc: BaseException) -> StorageWriteError:
+        err = StorageWriteError(f"SQLite store {self.path}: {what}: {exc}")
+        err.__cause__ = exc
+        return err
+
+    def _fail_all(self, batch: list[_Request], error: StorageWriteError) -> None:
+        for req in batch:
+            req.error = error
+            req.result = None
+        self._answer_all(batch)
+
+    def _answer_all(self, batch: list[_Request]) -> None:
+        by_loop: dict[asyncio.AbstractEventLoop, list[_Request]] = {}
+        for req in batch:
+            by_loop.setdefault(req.loop, []).append(req)
+        for loop, reqs in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_answer_many, reqs)
+            except RuntimeError:  # the caller's loop is closed; nobody is waiting
+                pass
+        self._waiters.notify([r.notify for r in batch if r.notify and r.error is None])
+
+    # ---------------------------------------------------------------- EventStore
+
+    async def append(self, envelopes: Sequence[Envelope]) -> None:
+        execution_id, first, fence = batch_head(envelopes)
+        rows = [
+            (
+                e.execution_id,
+                e.sequence,
+                e.envelope_id,
+                e.type.value,
+                e.payload_json,
+                e.recorded_at,
+                e.fence,
+                e.checksum(),
+            )
+            for e in envelopes
+        ]
+        count = len(rows)
+
+        def apply(conn: sqlite3.Connection) -> None:
+            head = conn.execute(
+                "SELECT fence, next_sequence FROM loom_heads WHERE execution_id = ?",
+                (execution_id,),
+            ).fetchone()
+            current_fence, next_sequence = head if head is not None else (0, 0)
+            refusal = refusal_for(execution_id, first, fence, current_fence, next_sequence)
+            if refusal is not None:
+                raise refusal
+            try:
+                conn.executemany(
+                    "INSERT INTO loom_events (execution_id, sequence, envelope_id, type, payload,"
+                    " recorded_at, fence, checksum) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    rows,
+                )
+            except sqlite3.IntegrityError as exc:
+                raise DuplicateEnvelopeIdError(
+                    f"an envelope id of this batch is already stored ({exc})",
+                    execution_id=execution_id,
+                ) from exc
+            conn.execute(
+                "UPDATE loom_heads SET next_sequence = ? WHERE execution_id = ?",
+                (first + count, execution_id),
+            )
+
+        await self._submit(apply, execution_id)
+
+    async def read(self, execution_id: str, *, from_sequence: int = 0) -> list[Envelope]:
+        rows = (
+            self._reader()
+            .execute(
+                "SELECT envelope_id, sequence, type, payload, recorded_at, fence, checksum "
+                "FROM loom_events WHERE execution_id = ? AND sequence >= ? ORDER BY sequence",
+                (execution_id, from_sequence),
+            )
+            .fetchall()
+        )
+        limits = self.limits
+        return [
+            decode_envelope(execution_id, r[0], r[1], r[2], r[3], r[4], r[5], r[6], limits)
+            for r in rows
+        ]
+
+    async def last_sequence(self, execution_id: str) -> int:
+        row = (
+            self._reader()
+            .execute("SELECT next_sequence FROM loom_heads WHERE execution_id = ?", (execution_id,))
+            .fetchone()
+        )
+        return int(row[0]) - 1 if row else -1
+
+    async def acquire_fence(self, execution_id: str) -> int:
+        def apply(conn: sqlite3.Connection) -> int:
+            row = conn.execute(
+                "INSERT INTO loom_heads (execution_id, fence, next_sequence) VALUES (?, 1, 0) "
+                "ON CONFLICT (execution_id) DO UPDATE SET fence = fence + 1 RETURNING fence",
+                (execution_id,),
+            ).fetchone()
+            return int(row[0])
+
+        result: int = await self._submit(apply, None)
+        return result
+
+    async def current_fence(self, execution_id: str) -> int:
+        row = (
+            self._reader()
+            .execute("SELECT fence FROM loom_heads WHERE execution_id = ?", (execution_id,))
+            .fetchone()
+        )
+        return int(row[0]) if row else 0
+
+    async def iterate_execution_ids(
+        self, *, after: str | None = None, page_size: int = 256
+    ) -> AsyncIterator[str]:
+        cursor = after if after is not None else ""
+        first_page = after is None
+        while True:
+            rows = (
+                self._reader()
+                .execute(
+                    "SELECT execution_id FROM loom_heads WHERE next_sequence > 0 AND "
+                    "(execution_id > ? OR ?) ORDER BY execution_id LIMIT ?",
+                    (cursor, 1 if first_page else 0, page_size),
+                )
+                .fetchall()
+            )
+            first_page = False
+            for (execution_id,) in rows:
+                yield execution_id
+            if len(rows) < page_size:
+                return
+            cursor = rows[-1][0]
+
+    async def wait_for_append(
+        self, execution_id: str, after_sequence: int, *, timeout: float | None = None
+    ) -> int:
+        # In-process appends wake waiters at once; other processes' appends are seen by polling.
+        return await self._waiters.wait(
+            execution_id, after_sequence, timeout, self.last_sequence, self.poll_interval
+        )
+
+    # ---------------------------------------------------------------- SnapshotStore
+
+    async def save_snapshot(self, snapshot: Snapshot) -> None:
+        state_json = encode_json(snapshot.state, limits=SNAPSHOT_LIMITS, what="snapshot")
+        row = (
+            snapshot.execution_id,
+            snapshot.sequence,
+            state_json,
+            snapshot_checksum(snapshot.execution_id, snapshot.sequence, state_json),
+        )
+
+        def apply(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                "INSERT INTO loom_snapshots (execution_id, sequence, state, checksum) "
+                "VALUES (?, ?, ?, ?) ON CONFLICT (execution_id) DO UPDATE SET "
+                "sequence = excluded.sequence, state = excluded.state, "
+                "checksum = excluded.checksum WHERE excluded.sequence > loom_snapshots.sequence",
+                row,
+            )
+
+        faults.hit("before_snapshot")
+        await self._submit(apply, None)
+
+    async def load_snapshot(self, execution_id: str) -> Snapshot | None:
+        row = (
+            self._reader()
+            .execute(
+                "SELECT sequence, state, checksum FROM loom_snapshots WHERE execution_id = ?",
+                (execution_id,),
+            )
+            .fetchone()
+        )
+        if row is None:
+            return None
+        return decode_snapshot(execution_id, row[0], row[1], row[2])
+
+    # ---------------------------------------------------------------- lifecycle
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        writer = self._writer
+        if writer is not None and self._writer_pid == os.getpid():
+            self._queue.put(_STOP)
+            await asyncio.to_thread(writer.join)
+        with self._readers_lock:
+            readers, self._readers = self._readers, []
+        for conn in readers:
+            try:
+                conn.close()
+            except sqlite3.Error:
+                pass
+
+    def __repr__(self) -> str:
+        return f"SQLiteStore({self.path!r}, synchronous={self.synchronous!r})"
+
+
+def _answer_many(reqs: list[_Request]) -> None:
+    for req in reqs:
+        _answer(req)
