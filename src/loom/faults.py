@@ -23,7 +23,7 @@ __all__ = [
     "FAULT_POINTS",
     "Block",
     "FaultAction",
-    "InjectedFault",
+    "InjectedFaultError",
     "Kill",
     "Raise",
     "arm",
@@ -45,7 +45,7 @@ FAULT_POINTS: tuple[str, ...] = (
 )
 
 
-class InjectedFault(Exception):
+class InjectedFaultError(Exception):
     """Raised by an armed :class:`Raise` action."""
 
 
@@ -59,7 +59,7 @@ class Raise(FaultAction):
         self.exc = exc
 
     def __call__(self, point: str) -> None:
-        raise self.exc if self.exc is not None else InjectedFault(f"fault injected at {point}")
+        raise self.exc if self.exc is not None else InjectedFaultError(f"fault injected at {point}")
 
 
 class Kill(FaultAction):
@@ -101,7 +101,9 @@ _counts: dict[str, int] = {}
 _lock = threading.Lock()
 
 
-def arm(point: str, action: Callable[[str], None], *, on_hit: int = 1, times: int | None = 1) -> None:
+def arm(
+    point: str, action: Callable[[str], None], *, on_hit: int = 1, times: int | None = 1
+) -> None:
     """Run ``action`` at the ``on_hit``-th crossing of ``point`` (and ``times`` times after)."""
     if point not in FAULT_POINTS:
         raise ValueError(f"unknown fault point {point!r}; known: {', '.join(FAULT_POINTS)}")

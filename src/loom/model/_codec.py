@@ -49,12 +49,17 @@ def encode_json(
     value: Any, *, limits: PayloadLimits = DEFAULT_LIMITS, what: str = "payload"
 ) -> str:
     """Encode ``value`` as compact JSON or raise :class:`PayloadError` saying why not."""
-    if isinstance(value, (dict, list, tuple)) and _depth_exceeds(value, limits.max_depth):
-        raise PayloadError(f"{what} is nested deeper than {limits.max_depth} levels")
     try:
         text = _encoder.encode(value)
     except (TypeError, ValueError, RecursionError) as exc:
         raise PayloadError(f"{what} is not storable as JSON: {exc}") from exc
+    # Nesting deeper than the limit needs at least that many opening brackets: only then walk.
+    if (
+        len(text) >= 2 * limits.max_depth
+        and text.count("[") + text.count("{") >= limits.max_depth
+        and _depth_exceeds(value, limits.max_depth)
+    ):
+        raise PayloadError(f"{what} is nested deeper than {limits.max_depth} levels")
     if len(text) * 4 > limits.max_bytes and len(text.encode()) > limits.max_bytes:
         raise PayloadError(
             f"{what} is {len(text.encode())} bytes, over the {limits.max_bytes}-byte limit",

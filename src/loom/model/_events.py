@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import enum
-import uuid
+import os
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -50,7 +51,8 @@ TERMINAL_STATUSES = frozenset(
 
 
 def new_envelope_id() -> str:
-    return uuid.uuid4().hex
+    """A unique id whose time-ordered prefix keeps the store's uniqueness index append-mostly."""
+    return f"{time.time_ns():016x}{os.urandom(8).hex()}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -40,8 +40,14 @@ class OpRecord:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> OpRecord:
-        return cls(d["kind"], d["name"], d["status"], d.get("output"), d.get("error"),
-                   int(d.get("attempts", 0)))
+        return cls(
+            d["kind"],
+            d["name"],
+            d["status"],
+            d.get("output"),
+            d.get("error"),
+            int(d.get("attempts", 0)),
+        )
 
 
 @dataclass(slots=True)
@@ -63,8 +69,9 @@ class Gate:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Gate:
-        return cls(int(d["position"]), str(d["event_type"]), d.get("correlation_key"),
-                   d.get("timeout_at"))
+        return cls(
+            int(d["position"]), str(d["event_type"]), d.get("correlation_key"), d.get("timeout_at")
+        )
 
 
 @dataclass(slots=True)
@@ -189,8 +196,9 @@ def apply_event(state: ExecutionState, env: Envelope) -> None:
         pos = _pos(state, env)
         op = state.ops.get(pos)
         if op is None:
-            state.ops[pos] = OpRecord("step", str(p["step_id"]), "started",
-                                      attempts=int(p.get("attempt", 1)))
+            state.ops[pos] = OpRecord(
+                "step", str(p["step_id"]), "started", attempts=int(p.get("attempt", 1))
+            )
         elif op.status in ("completed",):
             raise _bad(state, env, f"step at position {pos} already completed")
         else:
@@ -201,22 +209,29 @@ def apply_event(state: ExecutionState, env: Envelope) -> None:
         op = state.ops.get(pos)
         if op is not None and op.status == "completed":
             raise _bad(state, env, f"step at position {pos} already completed")
-        state.ops[pos] = OpRecord("step", str(p["step_id"]), "completed", p.get("output"),
-                                  None, int(p.get("attempt", 1)))
+        state.ops[pos] = OpRecord(
+            "step", str(p["step_id"]), "completed", p.get("output"), None, int(p.get("attempt", 1))
+        )
     elif t is EventType.STEP_FAILED:
         pos = _pos(state, env)
         op = state.ops.get(pos)
         if op is not None and op.status == "completed":
             raise _bad(state, env, f"step at position {pos} already completed")
-        state.ops[pos] = OpRecord("step", str(p["step_id"]),
-                                  "failed" if p.get("final") else "retrying", None,
-                                  p.get("error"), int(p.get("attempt", 1)))
+        state.ops[pos] = OpRecord(
+            "step",
+            str(p["step_id"]),
+            "failed" if p.get("final") else "retrying",
+            None,
+            p.get("error"),
+            int(p.get("attempt", 1)),
+        )
     elif t is EventType.EXECUTION_SUSPENDED:
         pos = _pos(state, env)
         kind = "timer" if p.get("timer") else "gate"
         state.ops[pos] = OpRecord(kind, str(p["event_type"]), "waiting")
-        state.waiting = Gate(pos, str(p["event_type"]), p.get("correlation_key"),
-                             p.get("timeout_at"))
+        state.waiting = Gate(
+            pos, str(p["event_type"]), p.get("correlation_key"), p.get("timeout_at")
+        )
         state.status = ExecutionStatus.SUSPENDED
     elif t in (EventType.EXECUTION_RESUMED, EventType.TIMER_FIRED):
         pos = _pos(state, env)
@@ -232,8 +247,9 @@ def apply_event(state: ExecutionState, env: Envelope) -> None:
         state.status = ExecutionStatus.RUNNING
     elif t is EventType.TIMER_SCHEDULED:
         pos = _pos(state, env)
-        state.ops[pos] = OpRecord("timer", str(p.get("name", "sleep")), "scheduled",
-                                  {"fire_at": p.get("fire_at")})
+        state.ops[pos] = OpRecord(
+            "timer", str(p.get("name", "sleep")), "scheduled", {"fire_at": p.get("fire_at")}
+        )
     elif t is EventType.DECISION_RECORDED:
         pos = _pos(state, env)
         state.ops[pos] = OpRecord("decision", str(p["name"]), "completed", p.get("value"))

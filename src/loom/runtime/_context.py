@@ -27,7 +27,7 @@ R = TypeVar("R")
 T = TypeVar("T")
 
 
-class SuspendExecution(BaseException):  # noqa: N818 - control flow, not an error
+class SuspendExecution(BaseException):
     """Unwinds a flow that is waiting on a durable gate or timer.
 
     This is Loom's internal control flow. Do not catch it: a bare ``except:`` or
@@ -150,8 +150,12 @@ class WorkflowContext:
             started_at = driver.clock.now()
             if step.record_start:
                 await driver.append(
-                    [(EventType.STEP_STARTED, {"position": pos, "step_id": step.id,
-                                                "attempt": attempt})]
+                    [
+                        (
+                            EventType.STEP_STARTED,
+                            {"position": pos, "step_id": step.id, "attempt": attempt},
+                        )
+                    ]
                 )
             token = _current_step.set(info)
             try:
@@ -164,9 +168,18 @@ class WorkflowContext:
                 final = not step.retry.should_retry(exc, attempt) or isinstance(exc, PayloadError)
                 record = error_record(exc)
                 await driver.append(
-                    [(EventType.STEP_FAILED, {"position": pos, "step_id": step.id,
-                                               "attempt": attempt, "error": record,
-                                               "final": final})]
+                    [
+                        (
+                            EventType.STEP_FAILED,
+                            {
+                                "position": pos,
+                                "step_id": step.id,
+                                "attempt": attempt,
+                                "error": record,
+                                "final": final,
+                            },
+                        )
+                    ]
                 )
                 if final:
                     raise self._step_failed(step, pos, attempt, record) from exc
@@ -177,9 +190,18 @@ class WorkflowContext:
                 _current_step.reset(token)
             faults.hit("after_effect_before_record")
             await driver.append(
-                [(EventType.STEP_COMPLETED, {"position": pos, "step_id": step.id,
-                                              "attempt": attempt, "output": output,
-                                              "started_at": started_at})]
+                [
+                    (
+                        EventType.STEP_COMPLETED,
+                        {
+                            "position": pos,
+                            "step_id": step.id,
+                            "attempt": attempt,
+                            "output": output,
+                            "started_at": started_at,
+                        },
+                    )
+                ]
             )
             return value
 
@@ -231,9 +253,17 @@ class WorkflowContext:
         if timeout is not None:
             timeout_at = self._driver.clock.now() + _seconds(timeout)
         await self._driver.append(
-            [(EventType.EXECUTION_SUSPENDED, {"position": pos, "event_type": event_type,
-                                               "correlation_key": correlation_key,
-                                               "timeout_at": timeout_at})]
+            [
+                (
+                    EventType.EXECUTION_SUSPENDED,
+                    {
+                        "position": pos,
+                        "event_type": event_type,
+                        "correlation_key": correlation_key,
+                        "timeout_at": timeout_at,
+                    },
+                )
+            ]
         )
         await self._driver.snapshot()
         faults.hit("after_suspend_recorded")
@@ -254,7 +284,7 @@ class WorkflowContext:
         await self._driver.append(
             [(EventType.DECISION_RECORDED, {"position": pos, "name": name, "value": value})]
         )
-        return value  # type: ignore[return-value]
+        return value
 
     async def now(self) -> datetime:
         """The current time, recorded once so replay sees the same instant."""

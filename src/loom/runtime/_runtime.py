@@ -48,7 +48,7 @@ __all__ = ["ExecutionHandle", "WorkflowRuntime"]
 
 log = logging.getLogger("loom.runtime")
 
-O = TypeVar("O")
+OutputT = TypeVar("OutputT")
 
 
 def _superseded(execution_id: str, cause: BaseException) -> ExecutionSupersededError:
@@ -182,13 +182,13 @@ class WorkflowRuntime:
 
     async def start(
         self,
-        flow: Flow[Any, O] | str,
+        flow: Flow[Any, OutputT] | str,
         input: Any = None,
         *,
         execution_id: str | None = None,
         fence: int | None = None,
         metadata: dict[str, Any] | None = None,
-    ) -> ExecutionHandle[O]:
+    ) -> ExecutionHandle[OutputT]:
         """Start an execution and return once its start is durable (the flow runs on).
 
         Raises :class:`InvalidInputError` (nothing stored) for bad input,
@@ -253,9 +253,16 @@ class WorkflowRuntime:
             driver = self._new_driver(state, held, last_snapshot=snap_seq)
             try:
                 await driver.append(
-                    [(EventType.EXECUTION_RESUMED, {"position": gate.position,
-                                                    "event_type": event_type,
-                                                    "payload": normalized})]
+                    [
+                        (
+                            EventType.EXECUTION_RESUMED,
+                            {
+                                "position": gate.position,
+                                "event_type": event_type,
+                                "payload": normalized,
+                            },
+                        )
+                    ]
                 )
             except StaleFenceError as exc:
                 if fence is not None:
@@ -345,8 +352,12 @@ class WorkflowRuntime:
         driver = self._new_driver(state, held, last_snapshot=snap_seq)
         try:
             await driver.append(
-                [(EventType.EXECUTION_RECOVERED, {"from_sequence": state.last_sequence,
-                                                  "snapshot_sequence": snap_seq})]
+                [
+                    (
+                        EventType.EXECUTION_RECOVERED,
+                        {"from_sequence": state.last_sequence, "snapshot_sequence": snap_seq},
+                    )
+                ]
             )
         except StaleFenceError as exc:
             raise _superseded(execution_id, exc) from exc
@@ -377,7 +388,9 @@ class WorkflowRuntime:
             if live is not None and live.task is not None and not live.done.is_set():
                 live.task.cancel()
             return driver.state
-        raise StorageError(f"could not cancel {execution_id!r}: it kept changing", execution_id=execution_id)
+        raise StorageError(
+            f"could not cancel {execution_id!r}: it kept changing", execution_id=execution_id
+        )
 
     # ------------------------------------------------------------------ driving
 
@@ -392,7 +405,7 @@ class WorkflowRuntime:
             last_snapshot=last_snapshot,
         )
 
-    def _launch(self, driver: Driver, flow: Flow[Any, O]) -> ExecutionHandle[O]:
+    def _launch(self, driver: Driver, flow: Flow[Any, OutputT]) -> ExecutionHandle[OutputT]:
         eid = driver.state.execution_id
         self._drivers[eid] = driver
         driver.task = asyncio.create_task(self._drive(driver, flow), name=f"loom:{eid}")
@@ -474,7 +487,7 @@ def _check_id(execution_id: str) -> None:
         raise ConfigurationError("an execution id must not contain control characters")
 
 
-class ExecutionHandle(Generic[O]):
+class ExecutionHandle(Generic[OutputT]):
     """A handle on one execution: wait for it to suspend or finish, read its state/result."""
 
     def __init__(self, runtime: WorkflowRuntime, execution_id: str, driver: Driver | None) -> None:
@@ -538,13 +551,13 @@ class ExecutionHandle(Generic[O]):
         """Wait until the execution is completed, failed or cancelled (across any gates)."""
         return await self._wait(lambda s: s.is_terminal, timeout)
 
-    async def result(self, timeout: float | None = None) -> O:
+    async def result(self, timeout: float | None = None) -> OutputT:
         """The flow's output (validated against its return type). Raises
         :class:`ExecutionFailedError` or :class:`ExecutionCancelledError` otherwise."""
         state = await self.wait_for_completion(timeout)
         if state.status is ExecutionStatus.COMPLETED:
             flow = self.runtime.get_flow(state.flow_id, state.flow_version)
-            value: O = flow.output.load(state.output)
+            value: OutputT = flow.output.load(state.output)
             return value
         if state.status is ExecutionStatus.CANCELLED:
             raise ExecutionCancelledError(

@@ -12,6 +12,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 
 import pydantic
+import pydantic_core
 
 from loom.errors import ConfigurationError, InvalidInputError, PayloadError
 
@@ -31,8 +32,8 @@ __all__ = [
 
 P = ParamSpec("P")
 R = TypeVar("R")
-I = TypeVar("I")  # noqa: E741 - the conventional name for a flow's input type
-O = TypeVar("O")
+InputT = TypeVar("InputT")
+OutputT = TypeVar("OutputT")
 
 
 def _seconds(value: timedelta | float) -> float:
@@ -102,7 +103,8 @@ class _Codec:
     def __init__(self, annotation: Any) -> None:
         self.annotation = annotation
         self.adapter: pydantic.TypeAdapter[Any] | None = (
-            None if annotation is Any or annotation is inspect.Parameter.empty
+            None
+            if annotation is Any or annotation is inspect.Parameter.empty
             else pydantic.TypeAdapter(annotation)
         )
 
@@ -111,7 +113,7 @@ class _Codec:
             return value
         try:
             return self.adapter.dump_python(value, mode="json")
-        except (pydantic.ValidationError, pydantic.PydanticSerializationError) as exc:
+        except (pydantic.ValidationError, pydantic_core.PydanticSerializationError) as exc:
             raise PayloadError(f"{what} does not match {self.annotation!r}: {exc}") from exc
 
     def load(self, data: Any) -> Any:
@@ -235,15 +237,14 @@ def handler(
     return decorator
 
 
-FlowFn = Callable[["WorkflowContext", I], Awaitable[O]]
 
 
-class Flow(Generic[I, O]):
+class Flow(Generic[InputT, OutputT]):
     """A registered unit of durable work: an async function ``(ctx, input) -> output``."""
 
     def __init__(
         self,
-        fn: Callable[..., Awaitable[O]],
+        fn: Callable[..., Awaitable[OutputT]],
         *,
         id: str,
         version: str,
@@ -291,11 +292,11 @@ class Flow(Generic[I, O]):
 
 def flow(
     *, id: str, version: str = "1", resume_schemas: Mapping[str, Any] | None = None
-) -> Callable[[Callable[..., Awaitable[O]]], Flow[Any, O]]:
+) -> Callable[[Callable[..., Awaitable[OutputT]]], Flow[Any, OutputT]]:
     """Declare a flow. ``resume_schemas`` maps each gate's event type to the pydantic type its
     resume payload must match; a payload that does not is refused before it is appended."""
 
-    def decorate(fn: Callable[..., Awaitable[O]]) -> Flow[Any, O]:
+    def decorate(fn: Callable[..., Awaitable[OutputT]]) -> Flow[Any, OutputT]:
         return Flow(fn, id=id, version=version, resume_schemas=resume_schemas)
 
     return decorate

@@ -1,0 +1,312 @@
+"""The storage conformance kit: every guarantee of the EventStore/SnapshotStore SPI, as checks
+any store (ours or yours) can be run against.
+
+    from loom.testing import run_event_store_conformance
+    report = await run_event_store_conformance(make_store)   # raises on the first failure
+
+``make_store`` is an async callable returning a fresh, empty store. Pass ``reopen`` (an async
+callable taking the store and returning a new instance over the same data) to also check that
+fences and events survive a reopen. With pytest, parametrize over :data:`STORE_CHECKS`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from loom.errors import (
+    DuplicateEnvelopeIdError,
+    DuplicateSequenceError,
+    ExecutionAlreadyExistsError,
+    StaleFenceError,
+    StartFencedOutError,
+    StorageWriteError,
+)
+from loom.model import Envelope, EventType
+from loom.storage import Snapshot, Store
+
+__all__ = ["STORE_CHECKS", "StoreFactory", "run_event_store_conformance", "run_store_check"]
+
+StoreFactory = Callable[[], Awaitable[Store]]
+Reopen = Callable[[Store], Awaitable[Store]]
+Check = Callable[[Store, "Reopen | None"], Awaitable[None]]
+
+STORE_CHECKS: dict[str, Check] = {}
+
+
+def _check(fn: Check) -> Check:
+    STORE_CHECKS[fn.__name__.removeprefix("check_")] = fn
+    return fn
+
+
+def env(
+    execution_id: str,
+    sequence: int,
+    fence: int,
+    type: EventType = EventType.STEP_COMPLETED,
+    payload: dict[str, Any] | None = None,
+    envelope_id: str | None = None,
+) -> Envelope:
+    """An envelope for tests (sequence 0 defaults to EXECUTION_STARTED)."""
+    if sequence == 0 and type is EventType.STEP_COMPLETED:
+        type = EventType.EXECUTION_STARTED
+        payload = payload or {"flow_id": "conformance", "flow_version": "1", "input": None}
+    return Envelope.create(
+        execution_id,
+        sequence,
+        type,
+        payload if payload is not None else {"position": sequence, "step_id": "s", "output": 1},
+        fence=fence,
+        recorded_at=time.time(),
+        envelope_id=envelope_id,
+    )
+
+
+async def _expect(exc_type: type[BaseException], aw: Awaitable[Any]) -> BaseException:
+    try:
+        await aw
+    except exc_type as exc:
+        return exc
+    raise AssertionError(f"expected {exc_type.__name__}, nothing was raised")
+
+
+async def _start(store: Store, execution_id: str, events: int = 1) -> int:
+    fence = await store.acquire_fence(execution_id)
+    await store.append([env(execution_id, i, fence) for i in range(events)])
+    return fence
+
+
+@_check
+async def check_append_and_read_round_trip(store: Store, reopen: Reopen | None) -> None:
+    fence = await store.acquire_fence("rt")
+    payload = {"text": "héllo ✓", "nested": {"list": [1, 2.5, None, True]}, "big": 2**70}
+    batch = [env("rt", 0, fence), env("rt", 1, fence, payload=payload)]
+    await store.append(batch)
+    got = await store.read("rt")
+    assert [e.sequence for e in got] == [0, 1]
+    assert [e.envelope_id for e in got] == [e.envelope_id for e in batch]
+    assert got[1].payload == payload and got[1].payload_json == batch[1].payload_json
+    assert got[1].fence == fence and got[1].type is EventType.STEP_COMPLETED
+    assert got[1].recorded_at == batch[1].recorded_at
+    assert [e.sequence for e in await store.read("rt", from_sequence=1)] == [1]
+    assert await store.read("nobody") == []
+    assert await store.last_sequence("rt") == 1
+    assert await store.last_sequence("nobody") == -1
+
+
+@_check
+async def check_sequences_are_dense(store: Store, reopen: Reopen | None) -> None:
+    fence = await _start(store, "dense", 2)
+    gap = await _expect(DuplicateSequenceError, store.append([env("dense", 3, fence)]))
+    assert getattr(gap, "execution_id", None) == "dense"
+    await _expect(DuplicateSequenceError, store.append([env("dense", 1, fence)]))
+    assert [e.sequence for e in await store.read("dense")] == [0, 1]
+    await store.append([env("dense", 2, fence), env("dense", 3, fence)])
+    assert await store.last_sequence("dense") == 3
+
+
+@_check
+async def check_duplicate_envelope_id(store: Store, reopen: Reopen | None) -> None:
+    fence = await _start(store, "dup-a", 1)
+    taken = (await store.read("dup-a"))[0].envelope_id
+    err = await _expect(
+        DuplicateEnvelopeIdError, store.append([env("dup-a", 1, fence, envelope_id=taken)])
+    )
+    assert getattr(err, "execution_id", None) == "dup-a"
+    other = await store.acquire_fence("dup-b")
+    await _expect(
+        DuplicateEnvelopeIdError, store.append([env("dup-b", 0, other, envelope_id=taken)])
+    )
+    assert await store.read("dup-b") == []
+
+
+@_check
+async def check_batches_are_atomic(store: Store, reopen: Reopen | None) -> None:
+    fence = await _start(store, "atomic", 1)
+    taken = (await store.read("atomic"))[0].envelope_id
+    batch = [env("atomic", 1, fence), env("atomic", 2, fence, envelope_id=taken)]
+    await _expect(DuplicateEnvelopeIdError, store.append(batch))
+    assert await store.last_sequence("atomic") == 0
+    await store.append([env("atomic", 1, fence), env("atomic", 2, fence)])
+    assert await store.last_sequence("atomic") == 2
+
+
+@_check
+async def check_fences_strictly_increase(store: Store, reopen: Reopen | None) -> None:
+    assert await store.current_fence("f") == 0
+    seen = [await store.acquire_fence("f") for _ in range(5)]
+    assert seen == sorted(set(seen)) and seen[0] >= 1
+    assert await store.current_fence("f") == seen[-1]
+    concurrent = await asyncio.gather(*(store.acquire_fence("f") for _ in range(20)))
+    assert len(set(concurrent)) == 20 and min(concurrent) > seen[-1]
+    assert await store.current_fence("g") == 0  # fences are per execution
+
+
+@_check
+async def check_stale_fence_is_refused(store: Store, reopen: Reopen | None) -> None:
+    old = await _start(store, "zombie", 1)
+    new = await store.acquire_fence("zombie")
+    assert new > old
+    err = await _expect(StaleFenceError, store.append([env("zombie", 1, old)]))
+    assert getattr(err, "execution_id", None) == "zombie"
+    await store.append([env("zombie", 1, new)])
+    await _expect(StaleFenceError, store.append([env("zombie", 2, old)]))
+    assert [e.fence for e in await store.read("zombie")] == [old, new]
+
+
+@_check
+async def check_sequence_zero_race(store: Store, reopen: Reopen | None) -> None:
+    async def start_once() -> str:
+        fence = await store.acquire_fence("race")
+        try:
+            await store.append([env("race", 0, fence)])
+            return "won"
+        except ExecutionAlreadyExistsError as exc:
+            assert exc.execution_id == "race"
+            return "exists"
+        except StorageWriteError as exc:
+            assert isinstance(exc.__cause__, StartFencedOutError)
+            return "fenced-out"
+
+    outcomes = await asyncio.gather(*(start_once() for _ in range(8)))
+    assert outcomes.count("won") == 1, outcomes
+    assert await store.last_sequence("race") == 0
+    # Once sequence 0 exists, any later start loses cleanly, whatever fence it holds.
+    late = await store.acquire_fence("race")
+    await _expect(ExecutionAlreadyExistsError, store.append([env("race", 0, late)]))
+
+
+@_check
+async def check_start_fenced_out_by_silent_holder(store: Store, reopen: Reopen | None) -> None:
+    first = await store.acquire_fence("silent")
+    await store.acquire_fence("silent")  # a holder that takes a fence and writes nothing
+    err = await _expect(StorageWriteError, store.append([env("silent", 0, first)]))
+    assert isinstance(err.__cause__, StartFencedOutError), repr(err.__cause__)
+    assert not isinstance(err, (StaleFenceError, ExecutionAlreadyExistsError))
+    assert await store.read("silent") == []
+    retry = await store.acquire_fence("silent")
+    await store.append([env("silent", 0, retry)])
+    assert await store.last_sequence("silent") == 0
+
+
+@_check
+async def check_fence_is_required(store: Store, reopen: Reopen | None) -> None:
+    try:
+        env("nofence", 0, 0)
+    except ValueError:
+        return
+    try:
+        await store.append([env("nofence", 0, 0)])
+    except ValueError:
+        return
+    raise AssertionError("an append without a fence from acquire_fence() was accepted")
+
+
+@_check
+async def check_snapshots(store: Store, reopen: Reopen | None) -> None:
+    assert await store.load_snapshot("snap") is None
+    await store.save_snapshot(Snapshot("snap", 5, {"execution_id": "snap", "n": 5}))
+    await store.save_snapshot(Snapshot("snap", 3, {"execution_id": "snap", "n": 3}))
+    got = await store.load_snapshot("snap")
+    assert got is not None and got.sequence == 5 and got.state["n"] == 5
+    await store.save_snapshot(Snapshot("snap", 9, {"execution_id": "snap", "n": 9}))
+    got = await store.load_snapshot("snap")
+    assert got is not None and got.sequence == 9 and got.state == {"execution_id": "snap", "n": 9}
+
+
+@_check
+async def check_enumeration(store: Store, reopen: Reopen | None) -> None:
+    ids = ["e-03", "e-01", "e-05", "e-02", "e-04"]
+    for execution_id in ids:
+        await _start(store, execution_id, 1)
+    await store.acquire_fence("e-00-fence-only")  # no events: not an execution yet
+    listed = [i async for i in store.iterate_execution_ids(page_size=2)]
+    assert listed == sorted(ids), listed
+    after = [i async for i in store.iterate_execution_ids(after="e-02", page_size=2)]
+    assert after == ["e-03", "e-04", "e-05"]
+
+
+@_check
+async def check_wait_for_append(store: Store, reopen: Reopen | None) -> None:
+    fence = await _start(store, "waited", 1)
+    assert await store.wait_for_append("waited", 0, timeout=0.01) == 0
+    waiter = asyncio.ensure_future(store.wait_for_append("waited", 0, timeout=10))
+    await asyncio.sleep(0)
+    assert not waiter.done()
+    await store.append([env("waited", 1, fence)])
+    assert await asyncio.wait_for(waiter, 10) == 1
+
+
+@_check
+async def check_concurrent_appends_to_many_executions(store: Store, reopen: Reopen | None) -> None:
+    ids = [f"many-{i:02d}" for i in range(40)]
+    fences = await asyncio.gather(*(store.acquire_fence(i) for i in ids))
+
+    async def write(execution_id: str, fence: int) -> None:
+        for seq in range(5):
+            await store.append([env(execution_id, seq, fence)])
+
+    await asyncio.gather(*(write(i, f) for i, f in zip(ids, fences, strict=True)))
+    for execution_id in ids:
+        assert [e.sequence for e in await store.read(execution_id)] == [0, 1, 2, 3, 4]
+
+
+@_check
+async def check_refusal_names_its_own_execution(store: Store, reopen: Reopen | None) -> None:
+    """Writers coalesced with a refused one are unaffected; the refusal names its writer."""
+    good = [f"ok-{i}" for i in range(10)]
+    fences = await asyncio.gather(*(store.acquire_fence(i) for i in good))
+    stale = await _start(store, "bad", 1)
+    await store.acquire_fence("bad")
+    results = await asyncio.gather(
+        store.append([env("bad", 1, stale)]),
+        *(store.append([env(i, 0, f)]) for i, f in zip(good, fences, strict=True)),
+        return_exceptions=True,
+    )
+    assert isinstance(results[0], StaleFenceError) and results[0].execution_id == "bad"
+    assert results[1:] == [None] * len(good), results[1:]
+
+
+@_check
+async def check_survives_reopen(store: Store, reopen: Reopen | None) -> None:
+    if reopen is None:
+        return
+    fence = await _start(store, "durable", 2)
+    await store.save_snapshot(Snapshot("durable", 1, {"execution_id": "durable"}))
+    again = await reopen(store)
+    try:
+        assert [e.sequence for e in await again.read("durable")] == [0, 1]
+        assert await again.current_fence("durable") == fence
+        assert await again.acquire_fence("durable") == fence + 1
+        await _expect(StaleFenceError, again.append([env("durable", 2, fence)]))
+        snap = await again.load_snapshot("durable")
+        assert snap is not None and snap.sequence == 1
+    finally:
+        await again.close()
+
+
+async def run_store_check(
+    name: str, make_store: StoreFactory, *, reopen: Reopen | None = None
+) -> None:
+    """Run one named check of :data:`STORE_CHECKS` on a fresh store."""
+    store = await make_store()
+    try:
+        await STORE_CHECKS[name](store, reopen)
+    finally:
+        await store.close()
+
+
+async def run_event_store_conformance(
+    make_store: StoreFactory, *, reopen: Reopen | None = None
+) -> list[str]:
+    """Run every check on a fresh store each; return the names that passed (raise on failure)."""
+    passed = []
+    for name in STORE_CHECKS:
+        try:
+            await run_store_check(name, make_store, reopen=reopen)
+        except AssertionError as exc:
+            raise AssertionError(f"store conformance check {name!r} failed: {exc}") from exc
+        passed.append(name)
+    return passed
