@@ -111,7 +111,9 @@ async def test_a_gate_decides_once(runtime: loom.WorkflowRuntime) -> None:
     losers = [r for r in results if isinstance(r, NotWaitingError)]
     assert len(winners) == 1 and len(losers) == 1, results
     await winners[0].result()
-    resumed = [e for e in await runtime.store.read("twice") if e.type is EventType.EXECUTION_RESUMED]
+    resumed = [
+        e for e in await runtime.store.read("twice") if e.type is EventType.EXECUTION_RESUMED
+    ]
     assert len(resumed) == 1
 
 
@@ -211,10 +213,17 @@ async def test_retry_policy_records_every_attempt() -> None:
     assert attempts == [1, 2, 3]
     assert clock.slept == [2.0, 4.0, 1.0]
     events = await rt.store.read("r")
-    failed = [(e.payload["step_id"], e.payload["attempt"], e.payload["final"])
-              for e in events if e.type is EventType.STEP_FAILED]
-    assert failed == [("flaky", 1, False), ("flaky", 2, False), ("hopeless", 1, False),
-                      ("hopeless", 2, True)]
+    failed = [
+        (e.payload["step_id"], e.payload["attempt"], e.payload["final"])
+        for e in events
+        if e.type is EventType.STEP_FAILED
+    ]
+    assert failed == [
+        ("flaky", 1, False),
+        ("flaky", 2, False),
+        ("hopeless", 1, False),
+        ("hopeless", 2, True),
+    ]
     await rt.close()
 
 

@@ -17,7 +17,7 @@ import pydantic_core
 from loom.errors import ConfigurationError, InvalidInputError, PayloadError
 
 if TYPE_CHECKING:
-    from loom.runtime._context import WorkflowContext
+    pass
 
 __all__ = [
     "Flow",
@@ -235,8 +235,6 @@ def handler(
     if fn is not None:
         return decorator(fn)
     return decorator
-
-
 
 
 class Flow(Generic[InputT, OutputT]):

@@ -1,0 +1,119 @@
+"""Human-readable rendering of logs and states (rich), shared by the CLI commands."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from loom.model import Envelope, ExecutionState
+
+__all__ = ["render_state", "render_timeline", "summarize", "timeline_rows"]
+
+
+def _short(value: Any, limit: int = 70) -> str:
+    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def summarize(env: Envelope) -> str:
+    """One line saying what an event recorded."""
+    p = env.payload
+    t = env.type.value
+    if t == "EXECUTION_STARTED":
+        return f"{p.get('flow_id')} v{p.get('flow_version')} input={_short(p.get('input'), 50)}"
+    if t in ("STEP_STARTED", "STEP_COMPLETED", "STEP_FAILED"):
+        head = f"#{p.get('position')} {p.get('step_id')} (attempt {p.get('attempt', 1)})"
+        if t == "STEP_COMPLETED":
+            return f"{head} -> {_short(p.get('output'), 50)}"
+        if t == "STEP_FAILED":
+            err = p.get("error") or {}
+            final = "final" if p.get("final") else "will retry"
+            return f"{head} {err.get('type')}: {err.get('message')} [{final}]"
+        return head
+    if t == "EXECUTION_SUSPENDED":
+        key = f" key={p.get('correlation_key')}" if p.get("correlation_key") else ""
+        return f"#{p.get('position')} waiting for {p.get('event_type')}{key}"
+    if t == "EXECUTION_RESUMED":
+        return f"#{p.get('position')} {p.get('event_type')} {_short(p.get('payload'), 50)}"
+    if t == "UI_PATCHED":
+        return f"{p.get('op')} {p.get('key')} = {_short(p.get('value'), 50)}"
+    if t == "DECISION_RECORDED":
+        return f"#{p.get('position')} {p.get('name')} = {_short(p.get('value'), 50)}"
+    if t == "EXECUTION_COMPLETED":
+        return f"output={_short(p.get('output'))}"
+    if t == "EXECUTION_FAILED":
+        err = p.get("error") or {}
+        return f"{err.get('type')}: {err.get('message')}"
+    return _short(dict(p))
+
+
+def _when(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).strftime("%H:%M:%S.%f")[:-3]
+
+
+def timeline_rows(envelopes: list[Envelope]) -> list[dict[str, Any]]:
+    return [
+        {
+            "sequence": e.sequence,
+            "type": e.type.value,
+            "recorded_at": e.recorded_at,
+            "fence": e.fence,
+            "summary": summarize(e),
+            "payload": dict(e.payload),
+        }
+        for e in envelopes
+    ]
+
+
+def render_timeline(console: Console, envelopes: list[Envelope], title: str) -> None:
+    table = Table(title=title, title_justify="left", show_lines=False)
+    table.add_column("seq", justify="right")
+    table.add_column("time (UTC)")
+    table.add_column("fence", justify="right")
+    table.add_column("event")
+    table.add_column("detail", overflow="fold")
+    styles = {
+        "EXECUTION_COMPLETED": "green",
+        "EXECUTION_FAILED": "red",
+        "STEP_FAILED": "red",
+        "EXECUTION_SUSPENDED": "yellow",
+        "EXECUTION_RECOVERED": "magenta",
+        "EXECUTION_CANCELLED": "red",
+    }
+    for e in envelopes:
+        table.add_row(
+            str(e.sequence),
+            _when(e.recorded_at),
+            str(e.fence),
+            f"[{styles.get(e.type.value, 'cyan')}]{e.type.value}[/]",
+            summarize(e),
+        )
+    console.print(table)
+
+
+def render_state(console: Console, state: ExecutionState) -> None:
+    colour = {"completed": "green", "failed": "red", "suspended": "yellow", "cancelled": "red"}
+    console.print(
+        f"[bold]{state.execution_id}[/]  flow [cyan]{state.flow_id}[/] v{state.flow_version}  "
+        f"status [{colour.get(state.status.value, 'blue')}]{state.status.value}[/]  "
+        f"at sequence {state.last_sequence}  steps completed {state.completed_steps}"
+    )
+    if state.waiting:
+        w = state.waiting
+        console.print(
+            f"  waiting for [yellow]{w.event_type}[/]"
+            + (f" (key {w.correlation_key})" if w.correlation_key else "")
+            + (f", times out {_when(w.timeout_at)} UTC" if w.timeout_at else "")
+        )
+    if state.ui:
+        console.print(f"  ui: {_short(state.ui, 200)}")
+    if state.output is not None:
+        console.print(f"  output: {_short(state.output, 200)}")
+    if state.error:
+        console.print(f"  [red]error: {state.error.get('type')}: {state.error.get('message')}[/]")
+    if state.recoveries:
+        console.print(f"  recovered {state.recoveries} time(s)")
