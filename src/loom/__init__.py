@@ -35,6 +35,7 @@ from loom.runtime import (
     current_step,
     flow,
     handler,
+    recover_abandoned,
     step,
 )
 from loom.storage import InMemoryStore, Snapshot, SQLiteStore
@@ -77,6 +78,7 @@ __all__ = [
     "faults",
     "flow",
     "handler",
+    "recover_abandoned",
     "replay",
     "step",
 ]

@@ -18,6 +18,9 @@ The tree::
     ├── ExecutionFailedError               the flow raised; carries the recorded error
     ├── ExecutionCancelledError            the execution was cancelled
     ├── ExecutionSupersededError           another holder owns the execution now
+    ├── DispatchError                      placement could not run a package
+    │   ├── CircuitOpenError               the supervisor's circuit is open
+    │   └── WireFormatError                a package/result of an unknown shape or version
     └── StorageError
         ├── StorageWriteError              the write did not happen (may carry a cause)
         ├── StaleFenceError                an older fence holder tried to write
@@ -37,8 +40,10 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 __all__ = [
+    "CircuitOpenError",
     "ConfigurationError",
     "CorruptEventError",
+    "DispatchError",
     "DuplicateEnvelopeIdError",
     "DuplicateSequenceError",
     "ExecutionAlreadyExistsError",
@@ -61,6 +66,7 @@ __all__ = [
     "StepFailedError",
     "StorageError",
     "StorageWriteError",
+    "WireFormatError",
     "error_from_dict",
 ]
 
@@ -194,6 +200,21 @@ class ExecutionSupersededError(LoomError):
     default_hint = "Another holder owns this execution; await its outcome by id (load_state)"
 
 
+class DispatchError(LoomError):
+    """A dispatcher gave up on a package (every attempt failed); ``__cause__`` is the last."""
+
+    code = "dispatch"
+
+
+class CircuitOpenError(DispatchError):
+    code = "circuit_open"
+    default_hint = "The target kept failing; the supervisor refuses work until its reset delay"
+
+
+class WireFormatError(DispatchError):
+    code = "wire_format"
+
+
 class StorageError(LoomError):
     code = "storage"
 
@@ -258,6 +279,9 @@ _BY_NAME: dict[str, type[LoomError]] = {
         ExecutionFailedError,
         ExecutionCancelledError,
         ExecutionSupersededError,
+        DispatchError,
+        CircuitOpenError,
+        WireFormatError,
         StorageError,
         StorageWriteError,
         StaleFenceError,

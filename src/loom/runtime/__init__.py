@@ -13,11 +13,13 @@ from loom.runtime._sdk import (
     handler,
     step,
 )
+from loom.runtime.recovery import RecoveryReport, recover_abandoned
 
 __all__ = [
     "Clock",
     "ExecutionHandle",
     "Flow",
+    "RecoveryReport",
     "RetryPolicy",
     "Step",
     "StepInfo",
@@ -29,5 +31,6 @@ __all__ = [
     "current_step",
     "flow",
     "handler",
+    "recover_abandoned",
     "step",
 ]

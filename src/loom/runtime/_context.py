@@ -146,7 +146,7 @@ class WorkflowContext:
             attempt = op.attempts + 1
         driver = self._driver
         while True:
-            info = StepInfo(self.execution_id, pos, attempt, step.id)
+            info = StepInfo(self.execution_id, pos, attempt, step.id, driver.fence)
             started_at = driver.clock.now()
             if step.record_start:
                 await driver.append(

@@ -188,6 +188,7 @@ class WorkflowRuntime:
         execution_id: str | None = None,
         fence: int | None = None,
         metadata: dict[str, Any] | None = None,
+        flow_version: str | None = None,
     ) -> ExecutionHandle[OutputT]:
         """Start an execution and return once its start is durable (the flow runs on).
 
@@ -196,7 +197,7 @@ class WorkflowRuntime:
         ``fence`` lets a worker runtime start under a fence it already holds.
         """
         self._check_open()
-        resolved = self.get_flow(flow) if isinstance(flow, str) else flow
+        resolved = self.get_flow(flow, flow_version) if isinstance(flow, str) else flow
         if isinstance(flow, Flow) and self._flows.get(flow.id, {}).get(flow.version) is not flow:
             self.register(flow)
         execution_id = execution_id or uuid.uuid4().hex
@@ -342,7 +343,9 @@ class WorkflowRuntime:
         """
         self._check_open()
         live = self._drivers.get(execution_id)
-        if live is not None and not live.done.is_set():
+        if fence is None and live is not None and not live.done.is_set():
+            # Already driven here: do not fence out our own live holder. A worker that passes
+            # a fence from allocate() means to take over, so it skips this.
             return ExecutionHandle(self, execution_id, live)
         state, snap_seq = await self._require(execution_id)
         if state.status not in (ExecutionStatus.RUNNING, ExecutionStatus.PENDING):

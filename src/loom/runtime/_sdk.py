@@ -75,12 +75,15 @@ NO_RETRY = RetryPolicy()
 @dataclass(frozen=True, slots=True)
 class StepInfo:
     """What a running step may know about itself: pass ``idempotency_key`` to callees that
-    honour one, so the one re-run a crash can cause is absorbed downstream."""
+    honour one, so the one re-run a crash can cause is absorbed downstream. ``fence`` is the
+    holder's fencing token: a downstream system that keeps the highest token it has seen can
+    refuse a zombie's late write the same way the store does."""
 
     execution_id: str
     position: int
     attempt: int
     step_id: str
+    fence: int = 0
 
     @property
     def idempotency_key(self) -> str:

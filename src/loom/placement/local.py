@@ -1,0 +1,81 @@
+"""LocalWorkerRuntime: the zero-cloud worker, running packages on an in-process runtime."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from loom.errors import ExecutionNotFoundError, StorageError
+from loom.model import ExecutionStatus
+from loom.placement._spi import Health, WorkerLease
+from loom.placement._wire import ExecutionPackage, ExecutionResult
+from loom.runtime import ExecutionHandle, WorkflowRuntime
+
+__all__ = ["LocalWorkerRuntime"]
+
+
+class LocalWorkerRuntime:
+    """Runs a package on ``runtime`` (its "code bundle"). Every attempt takes a new fence in
+    :meth:`allocate`, so a redispatch always supersedes the attempt before it."""
+
+    def __init__(self, runtime: WorkflowRuntime, *, name: str = "local") -> None:
+        self.runtime = runtime
+        self.name = name
+        self._leases: dict[str, WorkerLease] = {}
+
+    async def allocate(self, package: ExecutionPackage) -> WorkerLease:
+        fence = await self.runtime.store.acquire_fence(package.execution_id)
+        lease = WorkerLease(uuid.uuid4().hex, package.execution_id, fence, self.name)
+        self._leases[lease.lease_id] = lease
+        return lease
+
+    async def execute(self, lease: WorkerLease, package: ExecutionPackage) -> ExecutionResult:
+        """The idempotent execute of ADR 0004: start, resume, recover or just report."""
+        rt = self.runtime
+        eid = package.execution_id
+        state = await rt.load_state(eid)
+        if package.from_sequence is not None and (
+            state is None or state.last_sequence < package.from_sequence
+        ):
+            have = -1 if state is None else state.last_sequence
+            raise StorageError(
+                f"this worker's store holds {eid!r} up to sequence {have}, behind the "
+                f"package's {package.from_sequence}",
+                execution_id=eid,
+                hint="Point the worker at the same store as the dispatcher",
+            )
+        handle: ExecutionHandle[Any]
+        if state is None:
+            if package.resume_event is not None:
+                raise ExecutionNotFoundError(
+                    f"cannot resume {eid!r}: it does not exist in this worker's store",
+                    execution_id=eid,
+                )
+            handle = await rt.start(
+                package.flow_id,
+                package.input,
+                execution_id=eid,
+                fence=lease.fence,
+                flow_version=package.flow_version,
+                metadata={"workflow_id": package.workflow_id} if package.workflow_id else None,
+            )
+        elif (
+            package.resume_event is not None
+            and state.status is ExecutionStatus.SUSPENDED
+            and state.waiting is not None
+            and state.waiting.event_type == package.resume_event.event_type
+        ):
+            event = package.resume_event
+            handle = await rt.resume(eid, event.event_type, event.payload, fence=lease.fence)
+        elif state.status in (ExecutionStatus.RUNNING, ExecutionStatus.PENDING):
+            handle = await rt.recover(eid, fence=lease.fence)
+        else:
+            # Suspended or terminal: a lost-response redispatch. Report, re-run nothing.
+            return ExecutionResult.from_state(state)
+        return ExecutionResult.from_state(await handle.settled())
+
+    async def release(self, lease: WorkerLease) -> None:
+        self._leases.pop(lease.lease_id, None)
+
+    async def health(self) -> Health:
+        return Health(True, len(self._leases), {"worker": self.name})

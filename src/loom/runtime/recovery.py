@@ -1,0 +1,92 @@
+"""recover_abandoned: a maintenance pass that continues executions whose holder is gone."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import AsyncIterable, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from loom.model import ExecutionState, ExecutionStatus
+from loom.runtime._runtime import ExecutionHandle, WorkflowRuntime
+
+__all__ = ["RecoveryReport", "recover_abandoned"]
+
+log = logging.getLogger("loom.recovery")
+
+IsAbandoned = Callable[[ExecutionState], bool | Awaitable[bool]]
+
+
+@dataclass
+class RecoveryReport:
+    """What one pass did, by execution id."""
+
+    recovered: list[str] = field(default_factory=list)
+    #: running, but the predicate did not claim them (possibly live elsewhere): untouched
+    not_claimed: list[str] = field(default_factory=list)
+    #: claimed, but they settled (suspended or ended) before the pass acted: untouched
+    settled: list[str] = field(default_factory=list)
+    #: the resume raised; left for the next pass, with the error
+    left: dict[str, BaseException] = field(default_factory=dict)
+    #: final states of the recovered executions, when the pass waited for them
+    outcomes: dict[str, ExecutionState] = field(default_factory=dict)
+
+
+_LIVE = (ExecutionStatus.RUNNING, ExecutionStatus.PENDING)
+
+
+async def recover_abandoned(
+    runtime: WorkflowRuntime,
+    *,
+    is_abandoned: IsAbandoned,
+    source: AsyncIterable[str] | None = None,
+    wait: bool = True,
+    timeout: float | None = None,
+) -> RecoveryReport:
+    """Continue running/pending executions that ``is_abandoned`` claims have no live holder.
+
+    ``is_abandoned`` is required and has no default, on purpose: a running execution owned by a
+    healthy node elsewhere and one orphaned by a dead process are byte-identical in the log, so
+    only the deployment can tell them apart. Defaulting to True would preempt live work;
+    defaulting to False would recover nothing while looking as if it did. A predicate that
+    wrongly claims a live execution cannot corrupt the log (the old holder is fenced out), but
+    its in-flight step may run twice.
+
+    Enumerates ``source`` (default: every execution id in the runtime's store), re-checks each
+    claimed execution's status immediately before acting (one that settled meanwhile is
+    skipped), and recovers it through the same EXECUTION_RECOVERED path a redispatch uses.
+    A recovery that raises is left for the next pass. With ``wait`` the pass waits until each
+    recovered execution suspends or ends.
+    """
+    report = RecoveryReport()
+    handles: dict[str, ExecutionHandle[Any]] = {}
+    ids = source if source is not None else runtime.store.iterate_execution_ids()
+    async for execution_id in ids:
+        try:
+            state = await runtime.load_state(execution_id)
+            if state is None or state.status not in _LIVE:
+                continue
+            verdict = is_abandoned(state)
+            if inspect.isawaitable(verdict):
+                verdict = await verdict
+            if not verdict:
+                report.not_claimed.append(execution_id)
+                continue
+            fresh = await runtime.load_state(execution_id)
+            if fresh is None or fresh.status not in _LIVE:
+                report.settled.append(execution_id)
+                continue
+            handles[execution_id] = await runtime.recover(execution_id)
+            report.recovered.append(execution_id)
+        except Exception as exc:
+            log.warning("recover_abandoned left %s for the next pass: %r", execution_id, exc)
+            report.left[execution_id] = exc
+    if wait:
+        for execution_id, handle in handles.items():
+            try:
+                report.outcomes[execution_id] = await handle.settled(timeout)
+            except Exception as exc:
+                report.recovered.remove(execution_id)
+                report.left[execution_id] = exc
+    return report
