@@ -91,8 +91,9 @@ class Arena:
 class ArenaWorker(LocalWorkerRuntime):
     """A LocalWorkerRuntime that reports every fence it takes to the arena."""
 
-    def __init__(self, arena: Arena, runtime: loom.WorkflowRuntime,
-                 after_first_allocate: Any = None) -> None:
+    def __init__(
+        self, arena: Arena, runtime: loom.WorkflowRuntime, after_first_allocate: Any = None
+    ) -> None:
         super().__init__(runtime)
         self.arena = arena
         self.after_first_allocate = after_first_allocate

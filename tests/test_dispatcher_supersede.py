@@ -159,7 +159,7 @@ async def test_start_fenced_out_by_a_silent_holder_completes(arena: Arena) -> No
         # Another dispatcher takes a fence here and dies before writing sequence 0.
         await arena.fence_taken(await view.acquire_fence(EID))
 
-    disp, worker = _dispatcher(arena, rt, after_first_allocate=silent_holder)
+    disp, _ = _dispatcher(arena, rt, after_first_allocate=silent_holder)
     result = await arena.run(disp, PACKAGE)
     assert not isinstance(result, BaseException), repr(result)
     assert result.status is ExecutionStatus.COMPLETED
@@ -190,11 +190,13 @@ async def test_reverting_the_dispatcher_checks_restores_5_6_18(
 
     monkeypatch.setattr(dispatchers, "is_superseded_refusal", lambda err, eid: False)
     counts = []
-    for i, case in enumerate([
-        test_sequence_zero_race_runs_the_effect_once,
-        test_duplicate_dispatch_after_bootstrap_runs_it_twice,
-        test_supervised_stack_runs_it_twice_with_circuit_closed,
-    ]):
+    for i, case in enumerate(
+        [
+            test_sequence_zero_race_runs_the_effect_once,
+            test_duplicate_dispatch_after_bootstrap_runs_it_twice,
+            test_supervised_stack_runs_it_twice_with_circuit_closed,
+        ]
+    ):
         sub = tmp_path / str(i)
         sub.mkdir()
         counts.append(await _run_reverted(case, sub))

@@ -2,6 +2,10 @@
 dispatchers, and helpers for testing flows."""
 
 from loom.testing._clock import SkippingClock
+from loom.testing._dispatcher_conformance import (
+    DISPATCHER_CHECKS,
+    run_execution_dispatcher_conformance,
+)
 from loom.testing._store_conformance import (
     STORE_CHECKS,
     StoreFactory,
@@ -10,9 +14,11 @@ from loom.testing._store_conformance import (
 )
 
 __all__ = [
+    "DISPATCHER_CHECKS",
     "STORE_CHECKS",
     "SkippingClock",
     "StoreFactory",
     "run_event_store_conformance",
+    "run_execution_dispatcher_conformance",
     "run_store_check",
 ]
