@@ -227,8 +227,13 @@ def apply_event(state: ExecutionState, env: Envelope) -> None:
         )
     elif t is EventType.EXECUTION_SUSPENDED:
         pos = _pos(state, env)
-        kind = "timer" if p.get("timer") else "gate"
-        state.ops[pos] = OpRecord(kind, str(p["event_type"]), "waiting")
+        if p.get("timer"):
+            # A durable sleep: TIMER_SCHEDULED named the op; the suspension makes it wait.
+            op = state.ops.get(pos) or OpRecord("timer", "sleep", "scheduled")
+            op.status = "waiting"
+            state.ops[pos] = op
+        else:
+            state.ops[pos] = OpRecord("gate", str(p["event_type"]), "waiting")
         state.waiting = Gate(
             pos, str(p["event_type"]), p.get("correlation_key"), p.get("timeout_at")
         )

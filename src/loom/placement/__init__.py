@@ -10,10 +10,12 @@ from loom.placement._spi import (
 )
 from loom.placement._wire import WIRE_VERSION, ExecutionPackage, ExecutionResult, ResumeEvent
 from loom.placement.dispatchers import LocalDispatcher, SupervisingDispatcher
-from loom.placement.local import LocalWorkerRuntime
+from loom.placement.local import TIMER_WAKE, LocalWorkerRuntime, timer_package
+from loom.placement.timers import dispatching_timer_service
 
 __all__ = [
     "DISPATCHER_SPI_VERSION",
+    "TIMER_WAKE",
     "WIRE_VERSION",
     "ExecutionDispatcher",
     "ExecutionPackage",
@@ -25,5 +27,7 @@ __all__ = [
     "SupervisingDispatcher",
     "WorkerLease",
     "WorkerRuntime",
+    "dispatching_timer_service",
     "is_superseded_refusal",
+    "timer_package",
 ]

@@ -8,10 +8,29 @@ from typing import Any
 from loom.errors import ExecutionNotFoundError, StorageError
 from loom.model import ExecutionStatus
 from loom.placement._spi import Health, WorkerLease
-from loom.placement._wire import ExecutionPackage, ExecutionResult
+from loom.placement._wire import ExecutionPackage, ExecutionResult, ResumeEvent
 from loom.runtime import ExecutionHandle, WorkflowRuntime
+from loom.storage import Timer
 
-__all__ = ["LocalWorkerRuntime"]
+__all__ = ["TIMER_WAKE", "LocalWorkerRuntime", "timer_package"]
+
+#: The resume event of a timer wake package (the payload names the waiting position).
+TIMER_WAKE = "loom.timer-wake"
+
+
+def timer_package(timer: Timer) -> ExecutionPackage:
+    """The package a TimerService dispatches to wake ``timer``'s execution."""
+    return ExecutionPackage(
+        execution_id=timer.execution_id,
+        flow_id=timer.flow_id or "unknown",
+        resume_event=ResumeEvent(TIMER_WAKE, {"position": timer.position}),
+    )
+
+
+def _timer_position(package: ExecutionPackage) -> int | None:
+    payload = package.resume_event.payload if package.resume_event else None
+    position = payload.get("position") if isinstance(payload, dict) else None
+    return position if isinstance(position, int) else None
 
 
 class LocalWorkerRuntime:
@@ -59,6 +78,16 @@ class LocalWorkerRuntime:
                 flow_version=package.flow_version,
                 metadata={"workflow_id": package.workflow_id} if package.workflow_id else None,
             )
+        elif (
+            package.resume_event is not None
+            and package.resume_event.event_type == TIMER_WAKE
+            and state.waiting is not None
+            and state.waiting.position == _timer_position(package)
+        ):
+            _, woken = await rt.fire_timer(eid, state.waiting.position, fence=lease.fence)
+            if woken is None:
+                return ExecutionResult.from_state(state)
+            handle = woken
         elif (
             package.resume_event is not None
             and state.status is ExecutionStatus.SUSPENDED

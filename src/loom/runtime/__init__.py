@@ -14,6 +14,7 @@ from loom.runtime._sdk import (
     step,
 )
 from loom.runtime.recovery import RecoveryReport, recover_abandoned
+from loom.runtime.timers import TimerService, WakeOutcome
 
 __all__ = [
     "Clock",
@@ -25,7 +26,9 @@ __all__ = [
     "StepInfo",
     "SuspendExecution",
     "SystemClock",
+    "TimerService",
     "UIState",
+    "WakeOutcome",
     "WorkflowContext",
     "WorkflowRuntime",
     "current_step",

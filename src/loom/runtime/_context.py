@@ -10,6 +10,7 @@ from typing import Any, ParamSpec, TypeVar
 
 from loom import faults
 from loom.errors import (
+    ConfigurationError,
     GateTimedOutError,
     LoomError,
     NonDeterminismError,
@@ -19,8 +20,12 @@ from loom.errors import (
 from loom.model import EventType, OpRecord, encode_json
 from loom.runtime._driver import Driver
 from loom.runtime._sdk import Flow, Step, StepInfo, _current_step, _seconds
+from loom.storage import Timer
 
-__all__ = ["SuspendExecution", "UIState", "WorkflowContext", "error_record"]
+#: The event type of a durable sleep's wait (what a timer wake resumes).
+TIMER_EVENT = "loom.timer"
+
+__all__ = ["TIMER_EVENT", "SuspendExecution", "UIState", "WorkflowContext", "error_record"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -252,6 +257,11 @@ class WorkflowContext:
         timeout_at = None
         if timeout is not None:
             timeout_at = self._driver.clock.now() + _seconds(timeout)
+            # The timer is stored before the wait is logged: a crash in between leaves a timer
+            # that finds nothing waiting (harmless), never a wait that nothing will end.
+            await self._schedule(
+                Timer(self.execution_id, pos, timeout_at, "gate_timeout", self._flow.id)
+            )
         await self._driver.append(
             [
                 (
@@ -268,6 +278,52 @@ class WorkflowContext:
         await self._driver.snapshot()
         faults.hit("after_suspend_recorded")
         raise SuspendExecution(event_type)
+
+    async def _schedule(self, timer: Timer) -> None:
+        if self._driver.schedule_timer is None:
+            raise ConfigurationError(
+                f"execution {self.execution_id!r} needs a durable timer, but this runtime's "
+                "store keeps none",
+                execution_id=self.execution_id,
+                hint="Use a store that implements TimerStore (memory, SQLite, PostgreSQL)",
+            )
+        await self._driver.schedule_timer(timer)
+
+    async def sleep(self, duration: timedelta | float) -> None:
+        """Sleep durably. The execution suspends (no process is held) and a timer resumes it;
+        the sleep survives restarts of every process."""
+        await self._sleep(lambda now: now + _seconds(duration))
+
+    async def sleep_until(self, when: datetime | float) -> None:
+        """Sleep durably until ``when`` (an aware datetime or epoch seconds)."""
+        at = when.timestamp() if isinstance(when, datetime) else float(when)
+        await self._sleep(lambda now: at)
+
+    async def _sleep(self, fire_at_from: Callable[[float], float]) -> None:
+        pos, op = self._take_position("timer", "sleep")
+        if op is not None:
+            if op.status == "resolved":
+                return
+            raise SuspendExecution("sleep")
+        fire_at = fire_at_from(self._driver.clock.now())
+        await self._schedule(Timer(self.execution_id, pos, fire_at, "sleep", self._flow.id))
+        await self._driver.append(
+            [
+                (EventType.TIMER_SCHEDULED, {"position": pos, "name": "sleep", "fire_at": fire_at}),
+                (
+                    EventType.EXECUTION_SUSPENDED,
+                    {
+                        "position": pos,
+                        "event_type": TIMER_EVENT,
+                        "timer": True,
+                        "timeout_at": fire_at,
+                    },
+                ),
+            ]
+        )
+        await self._driver.snapshot()
+        faults.hit("after_suspend_recorded")
+        raise SuspendExecution("sleep")
 
     # ------------------------------------------------------------------ decisions & UI
 

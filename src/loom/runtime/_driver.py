@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from loom.model import Envelope, EventType, ExecutionState, PayloadLimits, apply_event
 from loom.runtime._clock import Clock
-from loom.storage import Snapshot, Store
+from loom.storage import Snapshot, Store, Timer
 
 __all__ = ["Driver"]
 
@@ -43,6 +43,8 @@ class Driver:
         self.done = asyncio.Event()
         self.error: BaseException | None = None
         self.task: asyncio.Task[None] | None = None
+        #: Set by the runtime: makes a timer durable (before the wait that needs it is logged).
+        self.schedule_timer: Callable[[Timer], Awaitable[None]] | None = None
 
     def build(self, events: Sequence[tuple[EventType, dict[str, Any]]]) -> list[Envelope]:
         now = self.clock.now()

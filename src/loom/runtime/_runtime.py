@@ -35,14 +35,16 @@ from loom.model import (
     EventType,
     ExecutionState,
     ExecutionStatus,
+    Gate,
     PayloadLimits,
     apply_event,
 )
 from loom.runtime._clock import Clock, SystemClock
-from loom.runtime._context import SuspendExecution, WorkflowContext, error_record
+from loom.runtime._context import TIMER_EVENT, SuspendExecution, WorkflowContext, error_record
 from loom.runtime._driver import Driver
 from loom.runtime._sdk import Flow
-from loom.storage import Store
+from loom.runtime.timers import TimerService, WakeOutcome
+from loom.storage import Store, Timer, TimerStore
 
 __all__ = ["ExecutionHandle", "WorkflowRuntime"]
 
@@ -66,6 +68,8 @@ class WorkflowRuntime:
 
     ``store`` defaults to ``SQLiteStore($LOOM_DB or "loom.db")``. ``snapshot_every`` is the
     number of events between snapshots (loading reads the newest snapshot plus the tail).
+    With ``timers=True`` (the default) the runtime fires due timers of its store itself once it
+    is in use; pass ``timers=False`` where a separate :class:`TimerService` does that.
     """
 
     def __init__(
@@ -75,6 +79,7 @@ class WorkflowRuntime:
         clock: Clock | None = None,
         snapshot_every: int = 256,
         limits: PayloadLimits = DEFAULT_LIMITS,
+        timers: bool = True,
     ) -> None:
         if store is None:
             from loom.storage import SQLiteStore
@@ -89,6 +94,11 @@ class WorkflowRuntime:
         self._flows: dict[str, dict[str, Flow[Any, Any]]] = {}
         self._drivers: dict[str, Driver] = {}
         self._closed = False
+        self._timer_store: TimerStore | None = store if isinstance(store, TimerStore) else None
+        self.timers: TimerService | None = None
+        if self._timer_store is not None:
+            self.timers = TimerService(self._timer_store, self._wake_locally, clock=self.clock)
+        self._serve_timers = timers
 
     # ------------------------------------------------------------------ registry
 
@@ -197,6 +207,7 @@ class WorkflowRuntime:
         ``fence`` lets a worker runtime start under a fence it already holds.
         """
         self._check_open()
+        self._ensure_timers()
         resolved = self.get_flow(flow, flow_version) if isinstance(flow, str) else flow
         if isinstance(flow, Flow) and self._flows.get(flow.id, {}).get(flow.version) is not flow:
             self.register(flow)
@@ -245,6 +256,7 @@ class WorkflowRuntime:
         :class:`ResumeValidationError`, :class:`GateTimedOutError` as the case may be.
         """
         self._check_open()
+        self._ensure_timers()
         for _ in range(8):
             state, snap_seq = await self._require(execution_id)
             gate = self._waiting_gate(state, event_type)
@@ -279,34 +291,52 @@ class WorkflowRuntime:
             execution_id=execution_id,
         )
 
-    def _waiting_gate(self, state: ExecutionState, event_type: str) -> Any:
+    def _waiting_gate(self, state: ExecutionState, event_type: str) -> Gate:
         eid = state.execution_id
+        gate = state.waiting
+        if (
+            gate is not None
+            and gate.event_type == event_type
+            and state.status is ExecutionStatus.SUSPENDED
+        ):
+            if gate.timeout_at is not None and self.clock.now() >= gate.timeout_at:
+                raise GateTimedOutError(
+                    f"gate {event_type!r} of execution {eid!r} timed out; the decision is refused",
+                    execution_id=eid,
+                    event_type=event_type,
+                )
+            return gate
+        # Not waiting for this event: say why as precisely as the log allows.
+        if any(
+            op.kind == "gate"
+            and op.name == event_type
+            and isinstance(op.output, dict)
+            and op.output.get("timed_out")
+            for op in state.ops.values()
+        ):
+            raise GateTimedOutError(
+                f"gate {event_type!r} of execution {eid!r} already timed out; the decision "
+                "is refused",
+                execution_id=eid,
+                event_type=event_type,
+            )
         if state.is_terminal:
             raise NotWaitingError(
                 f"execution {eid!r} is {state.status}; it waits for nothing",
                 execution_id=eid,
                 status=state.status.value,
             )
-        gate = state.waiting
-        if state.status is not ExecutionStatus.SUSPENDED or gate is None:
+        if gate is None or state.status is not ExecutionStatus.SUSPENDED:
             raise NotWaitingError(
                 f"execution {eid!r} is {state.status}, not waiting on a gate",
                 execution_id=eid,
-                hint="It may already have been decided; see `loom show " + eid + "`",
+                hint=f"It may already have been decided; see `loom show {eid}`",
             )
-        if gate.event_type != event_type:
-            raise NotWaitingError(
-                f"execution {eid!r} is waiting for {gate.event_type!r}, not {event_type!r}",
-                execution_id=eid,
-                waiting_for=gate.event_type,
-            )
-        if gate.timeout_at is not None and self.clock.now() >= gate.timeout_at:
-            raise GateTimedOutError(
-                f"gate {event_type!r} of execution {eid!r} timed out; the decision is refused",
-                execution_id=eid,
-                event_type=event_type,
-            )
-        return gate
+        raise NotWaitingError(
+            f"execution {eid!r} is waiting for {gate.event_type!r}, not {event_type!r}",
+            execution_id=eid,
+            waiting_for=gate.event_type,
+        )
 
     def _validate_resume(
         self, flow: Flow[Any, Any], state: ExecutionState, event_type: str, payload: Any
@@ -342,6 +372,7 @@ class WorkflowRuntime:
         ``EXECUTION_RECOVERED`` under a new fence, so the dead holder can never write again.
         """
         self._check_open()
+        self._ensure_timers()
         live = self._drivers.get(execution_id)
         if fence is None and live is not None and not live.done.is_set():
             # Already driven here: do not fence out our own live holder. A worker that passes
@@ -387,6 +418,8 @@ class WorkflowRuntime:
                 await driver.append([(EventType.EXECUTION_CANCELLED, {"reason": reason})])
             except StaleFenceError:
                 continue
+            if self._timer_store is not None:
+                await self._timer_store.cancel_timers(execution_id)
             live = self._drivers.get(execution_id)
             if live is not None and live.task is not None and not live.done.is_set():
                 live.task.cancel()
@@ -398,7 +431,7 @@ class WorkflowRuntime:
     # ------------------------------------------------------------------ driving
 
     def _new_driver(self, state: ExecutionState, fence: int, *, last_snapshot: int) -> Driver:
-        return Driver(
+        driver = Driver(
             self.store,
             state,
             fence,
@@ -407,6 +440,73 @@ class WorkflowRuntime:
             limits=self.limits,
             last_snapshot=last_snapshot,
         )
+        if self._timer_store is not None:
+            driver.schedule_timer = self._schedule_timer
+        return driver
+
+    async def _schedule_timer(self, timer: Timer) -> None:
+        assert self._timer_store is not None
+        await self._timer_store.schedule_timer(timer)
+        if self.timers is not None and self._serve_timers:
+            self.timers.start()
+            if timer.fire_at <= self.clock.now() + self.timers.poll_interval:
+                self.timers.kick()
+
+    def _ensure_timers(self) -> None:
+        if self.timers is not None and self._serve_timers and not self._closed:
+            self.timers.start()
+
+    async def _wake_locally(self, timer: Timer) -> WakeOutcome:
+        outcome, _ = await self.fire_timer(timer.execution_id, timer.position)
+        return outcome
+
+    async def fire_timer(
+        self, execution_id: str, position: int, *, fence: int | None = None
+    ) -> tuple[WakeOutcome, ExecutionHandle[Any] | None]:
+        """End the timed wait at ``position`` if it is due and still open (a fenced wake).
+
+        A sleep resumes; a gate whose timeout passed resumes with :class:`GateTimedOutError`
+        raised in the flow. Never early (the runtime's clock decides) and never twice (the log
+        decides): a wait already ended, or an execution that moved on, is ``STALE``.
+        """
+        self._check_open()
+        for _ in range(4):
+            state, snap_seq = await self._load(execution_id)
+            gate = state.waiting if state is not None else None
+            if state is None or gate is None or gate.position != position:
+                return WakeOutcome.STALE, None
+            if gate.timeout_at is None:
+                return WakeOutcome.STALE, None
+            if self.clock.now() < gate.timeout_at:
+                return WakeOutcome.EARLY, None
+            flow = self.get_flow(state.flow_id, state.flow_version)
+            held = fence if fence is not None else await self.store.acquire_fence(execution_id)
+            driver = self._new_driver(state, held, last_snapshot=snap_seq)
+            try:
+                await driver.append(
+                    [
+                        (
+                            EventType.TIMER_FIRED,
+                            {"position": position, "timed_out": gate.event_type != TIMER_EVENT},
+                        )
+                    ]
+                )
+            except StaleFenceError as exc:
+                if fence is not None:
+                    raise _superseded(execution_id, exc) from exc
+                continue
+            except LoomError as exc:
+                if exc.code == "duplicate_sequence":
+                    continue
+                raise
+            return WakeOutcome.FIRED, self._launch(driver, flow)
+        return WakeOutcome.STALE, None
+
+    async def serve_timers(self) -> None:
+        """Fire this store's timers until cancelled (for a process that only does that)."""
+        if self.timers is None:
+            raise ConfigurationError("this runtime's store keeps no timers")
+        await self.timers.run_forever()
 
     def _launch(self, driver: Driver, flow: Flow[Any, OutputT]) -> ExecutionHandle[OutputT]:
         eid = driver.state.execution_id
@@ -434,7 +534,11 @@ class WorkflowRuntime:
             else:
                 await driver.append([(EventType.EXECUTION_COMPLETED, {"output": output})])
         except StaleFenceError as exc:
-            driver.error = _superseded(eid, exc)
+            # Fenced out. If a cancel did it, the handle reports the cancellation; otherwise
+            # another holder owns the execution now.
+            latest = await self.load_state(eid)
+            if latest is None or not latest.is_terminal:
+                driver.error = _superseded(eid, exc)
         except asyncio.CancelledError as exc:
             driver.error = exc
             raise
@@ -459,6 +563,8 @@ class WorkflowRuntime:
         if self._closed:
             return
         self._closed = True
+        if self.timers is not None:
+            await self.timers.stop()
         tasks = [d.task for d in self._drivers.values() if d.task is not None]
         for task in tasks:
             task.cancel()
@@ -505,6 +611,7 @@ class ExecutionHandle(Generic[OutputT]):
     async def _wait(
         self, done: Callable[[ExecutionState], bool], timeout: float | None
     ) -> ExecutionState:
+        self.runtime._ensure_timers()  # a process that only awaits must still fire its timers
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
 

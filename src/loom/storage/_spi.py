@@ -8,7 +8,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from loom.model import Envelope
 
-__all__ = ["EventStore", "Snapshot", "SnapshotStore", "Store"]
+__all__ = ["EventStore", "Snapshot", "SnapshotStore", "Store", "Timer", "TimerStore"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +94,51 @@ class SnapshotStore(Protocol):
 
     async def load_snapshot(self, execution_id: str) -> Snapshot | None:
         """The newest snapshot, or None. Raises ``CorruptEventError`` if it fails its checksum."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Timer:
+    """A durable wake-up: at ``fire_at`` (epoch seconds) the execution's wait at ``position``
+    ends. ``kind`` is ``"sleep"`` (ctx.sleep) or ``"gate_timeout"`` (ctx.suspend's timeout)."""
+
+    execution_id: str
+    position: int
+    fire_at: float
+    kind: str = "sleep"
+    flow_id: str = ""
+
+
+@runtime_checkable
+class TimerStore(Protocol):
+    """Durable timers, claimed with a database lock so that many services can poll one store.
+
+    Claiming is an optimisation against duplicate work, not the exactly-once guarantee: a wake
+    checks the log (the wait must still be open at that position) under a fresh fence, so a
+    timer whose claim expired and is fired twice still resolves its wait once.
+    """
+
+    async def schedule_timer(self, timer: Timer) -> None:
+        """Store ``timer``; idempotent per (execution_id, position) (the later call wins)."""
+        ...
+
+    async def claim_due_timers(
+        self, now: float, *, owner: str, lease: float, limit: int = 100
+    ) -> list[Timer]:
+        """Claim up to ``limit`` timers due at ``now`` that nobody holds (or whose claim
+        expired), for ``lease`` seconds. Two concurrent callers never claim the same timer."""
+        ...
+
+    async def complete_timer(self, timer: Timer) -> None:
+        """Delete a fired timer (only that position's row)."""
+        ...
+
+    async def cancel_timers(self, execution_id: str) -> int:
+        """Delete every pending timer of an execution; return how many."""
+        ...
+
+    async def next_timer_due(self) -> float | None:
+        """The earliest ``fire_at`` among pending timers (claimed or not), or None."""
         ...
 
 

@@ -10,7 +10,7 @@ from loom import faults
 from loom.errors import DuplicateEnvelopeIdError, StorageWriteError
 from loom.model import Envelope, decode_json, encode_json
 from loom.storage._common import SNAPSHOT_LIMITS, Waiters, batch_head, refusal_for
-from loom.storage._spi import Snapshot
+from loom.storage._spi import Snapshot, Timer
 
 __all__ = ["InMemoryStore"]
 
@@ -31,6 +31,7 @@ class InMemoryStore:
         self._snapshots: dict[str, tuple[int, str]] = {}
         self._waiters = Waiters()
         self._closed = False
+        self._timers: dict[tuple[str, int], tuple[Timer, str | None, float]] = {}
 
     def _check_open(self) -> None:
         if self._closed:
@@ -120,6 +121,38 @@ class InMemoryStore:
         if stored is None:
             return None
         return Snapshot(execution_id, stored[0], decode_json(stored[1], limits=SNAPSHOT_LIMITS))
+
+    async def schedule_timer(self, timer: Timer) -> None:
+        self._check_open()
+        with self._lock:
+            self._timers[(timer.execution_id, timer.position)] = (timer, None, 0.0)
+
+    async def claim_due_timers(
+        self, now: float, *, owner: str, lease: float, limit: int = 100
+    ) -> list[Timer]:
+        with self._lock:
+            due = sorted(
+                (t for t, _, until in self._timers.values() if t.fire_at <= now and until <= now),
+                key=lambda t: (t.fire_at, t.execution_id, t.position),
+            )[:limit]
+            for t in due:
+                self._timers[(t.execution_id, t.position)] = (t, owner, now + lease)
+            return due
+
+    async def complete_timer(self, timer: Timer) -> None:
+        with self._lock:
+            self._timers.pop((timer.execution_id, timer.position), None)
+
+    async def cancel_timers(self, execution_id: str) -> int:
+        with self._lock:
+            keys = [k for k in self._timers if k[0] == execution_id]
+            for k in keys:
+                del self._timers[k]
+            return len(keys)
+
+    async def next_timer_due(self) -> float | None:
+        with self._lock:
+            return min((t.fire_at for t, _, _ in self._timers.values()), default=None)
 
     async def close(self) -> None:
         self._closed = True

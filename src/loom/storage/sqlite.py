@@ -44,7 +44,7 @@ from loom.storage._common import (
     refusal_for,
     snapshot_checksum,
 )
-from loom.storage._spi import Snapshot
+from loom.storage._spi import Snapshot, Timer
 
 __all__ = ["SQLiteStore"]
 
@@ -68,6 +68,17 @@ CREATE TABLE IF NOT EXISTS loom_events (
     checksum TEXT NOT NULL,
     PRIMARY KEY (execution_id, sequence)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS loom_timers (
+    execution_id TEXT NOT NULL,
+    position INTEGER NOT NULL,
+    fire_at REAL NOT NULL,
+    kind TEXT NOT NULL,
+    flow_id TEXT NOT NULL DEFAULT '',
+    claimed_by TEXT,
+    claimed_until REAL NOT NULL DEFAULT 0,
+    PRIMARY KEY (execution_id, position)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS loom_timers_due ON loom_timers (fire_at);
 CREATE TABLE IF NOT EXISTS loom_snapshots (
     execution_id TEXT PRIMARY KEY,
     sequence INTEGER NOT NULL,
@@ -486,6 +497,66 @@ class SQLiteStore:
         if row is None:
             return None
         return decode_snapshot(execution_id, row[0], row[1], row[2])
+
+    # ---------------------------------------------------------------- TimerStore
+
+    async def schedule_timer(self, timer: Timer) -> None:
+        row = (timer.execution_id, timer.position, timer.fire_at, timer.kind, timer.flow_id)
+
+        def apply(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                "INSERT INTO loom_timers (execution_id, position, fire_at, kind, flow_id) "
+                "VALUES (?, ?, ?, ?, ?) ON CONFLICT (execution_id, position) DO UPDATE SET "
+                "fire_at = excluded.fire_at, kind = excluded.kind, flow_id = excluded.flow_id, "
+                "claimed_by = NULL, claimed_until = 0",
+                row,
+            )
+
+        await self._submit(apply, None)
+
+    async def claim_due_timers(
+        self, now: float, *, owner: str, lease: float, limit: int = 100
+    ) -> list[Timer]:
+        # The claim runs inside BEGIN IMMEDIATE: SQLite's write lock makes it exclusive across
+        # every process using the file.
+        def apply(conn: sqlite3.Connection) -> list[Timer]:
+            rows = conn.execute(
+                "SELECT execution_id, position, fire_at, kind, flow_id FROM loom_timers "
+                "WHERE fire_at <= ? AND claimed_until <= ? "
+                "ORDER BY fire_at, execution_id, position LIMIT ?",
+                (now, now, limit),
+            ).fetchall()
+            conn.executemany(
+                "UPDATE loom_timers SET claimed_by = ?, claimed_until = ? "
+                "WHERE execution_id = ? AND position = ?",
+                [(owner, now + lease, r[0], r[1]) for r in rows],
+            )
+            return [Timer(r[0], r[1], r[2], r[3], r[4]) for r in rows]
+
+        result: list[Timer] = await self._submit(apply, None)
+        return result
+
+    async def complete_timer(self, timer: Timer) -> None:
+        def apply(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                "DELETE FROM loom_timers WHERE execution_id = ? AND position = ?",
+                (timer.execution_id, timer.position),
+            )
+
+        await self._submit(apply, None)
+
+    async def cancel_timers(self, execution_id: str) -> int:
+        def apply(conn: sqlite3.Connection) -> int:
+            return conn.execute(
+                "DELETE FROM loom_timers WHERE execution_id = ?", (execution_id,)
+            ).rowcount
+
+        result: int = await self._submit(apply, None)
+        return result
+
+    async def next_timer_due(self) -> float | None:
+        row = self._reader().execute("SELECT min(fire_at) FROM loom_timers").fetchone()
+        return None if row is None or row[0] is None else float(row[0])
 
     # ---------------------------------------------------------------- lifecycle
 

@@ -12,13 +12,18 @@ from loom.testing._store_conformance import (
     run_event_store_conformance,
     run_store_check,
 )
+from loom.testing._timer_conformance import TIMER_CHECKS, run_timer_store_conformance
+from loom.testing._timeskip import TimeSkippingEnvironment
 
 __all__ = [
     "DISPATCHER_CHECKS",
     "STORE_CHECKS",
+    "TIMER_CHECKS",
     "SkippingClock",
     "StoreFactory",
+    "TimeSkippingEnvironment",
     "run_event_store_conformance",
     "run_execution_dispatcher_conformance",
     "run_store_check",
+    "run_timer_store_conformance",
 ]

@@ -1,0 +1,46 @@
+"""Waking timers through a dispatcher: the multi-node TimerService."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from loom.errors import LoomError
+from loom.model import ExecutionStatus
+from loom.placement._spi import ExecutionDispatcher, is_superseded_refusal
+from loom.placement.local import timer_package
+from loom.runtime.timers import TimerService, WakeOutcome
+from loom.storage import Timer, TimerStore
+
+__all__ = ["dispatching_timer_service"]
+
+
+def dispatching_timer_service(
+    store: TimerStore, dispatcher: ExecutionDispatcher, **options: Any
+) -> TimerService:
+    """A :class:`TimerService` that wakes each due timer by dispatching a timer package.
+
+    The worker fires the wait under the fence its allocate took (a fenced wake), so a wake
+    racing a resume or a cancel cannot double-drive the execution. A superseded refusal means
+    another holder has the execution: the timer's wait is no longer this service's to end.
+    """
+
+    async def wake(timer: Timer) -> WakeOutcome:
+        try:
+            result = await dispatcher.dispatch(timer_package(timer))
+        except LoomError as exc:
+            if is_superseded_refusal(exc, timer.execution_id):
+                return WakeOutcome.STALE
+            raise
+        state = result.folded
+        op = state.ops.get(timer.position)
+        if op is not None and op.status == "resolved":
+            return WakeOutcome.FIRED
+        if (
+            state.status is ExecutionStatus.SUSPENDED
+            and state.waiting is not None
+            and state.waiting.position == timer.position
+        ):
+            return WakeOutcome.EARLY  # still waiting there: the worker found it not yet due
+        return WakeOutcome.STALE
+
+    return TimerService(store, wake, **options)
