@@ -109,6 +109,22 @@ class Envelope:
             str(self.fence),
         )
 
+    @classmethod
+    def from_dict(
+        cls, data: Mapping[str, Any], *, limits: PayloadLimits = DEFAULT_LIMITS
+    ) -> Envelope:
+        """Rebuild an envelope from :meth:`to_dict` output (golden logs, exports)."""
+        return cls.create(
+            str(data["execution_id"]),
+            int(data["sequence"]),
+            EventType(data["type"]),
+            dict(data["payload"]),
+            fence=int(data["fence"]),
+            recorded_at=float(data["recorded_at"]),
+            envelope_id=str(data["envelope_id"]),
+            limits=limits,
+        )
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "envelope_id": self.envelope_id,

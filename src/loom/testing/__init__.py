@@ -6,6 +6,7 @@ from loom.testing._dispatcher_conformance import (
     DISPATCHER_CHECKS,
     run_execution_dispatcher_conformance,
 )
+from loom.testing._replayer import replay_flow
 from loom.testing._store_conformance import (
     STORE_CHECKS,
     StoreFactory,
@@ -22,6 +23,7 @@ __all__ = [
     "SkippingClock",
     "StoreFactory",
     "TimeSkippingEnvironment",
+    "replay_flow",
     "run_event_store_conformance",
     "run_execution_dispatcher_conformance",
     "run_store_check",
