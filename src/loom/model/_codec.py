@@ -53,12 +53,7 @@ def encode_json(
         text = _encoder.encode(value)
     except (TypeError, ValueError, RecursionError) as exc:
         raise PayloadError(f"{what} is not storable as JSON: {exc}") from exc
-    # Nesting deeper than the limit needs at least that many opening brackets: only then walk.
-    if (
-        len(text) >= 2 * limits.max_depth
-        and text.count("[") + text.count("{") >= limits.max_depth
-        and _depth_exceeds(value, limits.max_depth)
-    ):
+    if _may_be_too_deep(text, limits) and _depth_exceeds(value, limits.max_depth):
         raise PayloadError(f"{what} is nested deeper than {limits.max_depth} levels")
     if len(text) * 4 > limits.max_bytes and len(text.encode()) > limits.max_bytes:
         raise PayloadError(
@@ -76,9 +71,18 @@ def decode_json(text: str | bytes, *, limits: PayloadLimits = DEFAULT_LIMITS) ->
         value = json.loads(text, parse_constant=_refuse_constant)
     except (ValueError, RecursionError) as exc:
         raise PayloadError(f"not valid JSON: {exc}") from exc
-    if isinstance(value, (dict, list)) and _depth_exceeds(value, limits.max_depth):
+    if _may_be_too_deep(text, limits) and _depth_exceeds(value, limits.max_depth):
         raise PayloadError(f"document is nested deeper than {limits.max_depth} levels")
     return value
+
+
+def _may_be_too_deep(text: str | bytes, limits: PayloadLimits) -> bool:
+    """Nesting deeper than the limit needs at least that many opening brackets."""
+    if len(text) < 2 * limits.max_depth:
+        return False
+    if isinstance(text, bytes):
+        return text.count(b"[") + text.count(b"{") >= limits.max_depth
+    return text.count("[") + text.count("{") >= limits.max_depth
 
 
 def _refuse_constant(name: str) -> Any:
@@ -87,8 +91,4 @@ def _refuse_constant(name: str) -> Any:
 
 def checksum(*parts: str) -> str:
     """The checksum stored beside each record; any change to a part changes it."""
-    h = hashlib.blake2b(digest_size=12)
-    for part in parts:
-        h.update(part.encode())
-        h.update(b"\x1f")
-    return h.hexdigest()
+    return hashlib.blake2b("\x1f".join(parts).encode(), digest_size=12).hexdigest()

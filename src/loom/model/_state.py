@@ -106,7 +106,19 @@ class ExecutionState:
         return sum(1 for op in self.ops.values() if op.kind == "step" and op.status == "completed")
 
     def copy(self) -> ExecutionState:
-        return copy.deepcopy(self)
+        """An independent copy. JSON values are shared: the fold replaces them, never mutates
+        them in place, so only the containers and op records need copying."""
+        new = copy.copy(self)
+        new.ops = {
+            k: OpRecord(op.kind, op.name, op.status, op.output, op.error, op.attempts)
+            for k, op in self.ops.items()
+        }
+        if self.waiting is not None:
+            w = self.waiting
+            new.waiting = Gate(w.position, w.event_type, w.correlation_key, w.timeout_at)
+        new.ui = dict(self.ui)
+        new.metadata = dict(self.metadata)
+        return new
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -592,7 +592,7 @@ def _check_id(execution_id: str) -> None:
         raise ConfigurationError(
             f"an execution id must be a non-empty string of at most {_MAX_ID} characters"
         )
-    if any(ord(c) < 32 for c in execution_id):
+    if not execution_id.isprintable():
         raise ConfigurationError("an execution id must not contain control characters")
 
 
@@ -624,7 +624,12 @@ class ExecutionHandle(Generic[OutputT]):
                 await asyncio.wait_for(drv.done.wait(), remaining())
             if drv is not None and drv.error is not None:
                 raise drv.error
-            state = await self.state()
+            if drv is not None and drv.state.is_terminal:
+                # Terminal is final and the driver applies only what is durable: this is the
+                # state the store holds, without reading it back.
+                state = drv.state
+            else:
+                state = await self.state()
             if done(state):
                 return state
             newer = self.runtime._drivers.get(self.execution_id)

@@ -4,9 +4,10 @@
   acknowledged record. ``synchronous="NORMAL"`` is a documented opt-in: it survives process
   crashes but may lose the last commits on power loss.
 * One write connection per process. Writes (append, fence, snapshot) queued by concurrent
-  tasks are coalesced into one transaction (group commit), each inside its own SAVEPOINT so
-  that one caller's refusal never fails another caller. A failed COMMIT fails every caller in
-  the batch with that one error and stops the writer: a commit is never retried blindly.
+  tasks are coalesced into one transaction (group commit); a request that is refused leaves
+  nothing behind, so one caller's refusal never fails another caller. A failed COMMIT fails
+  every caller in the batch with that one error and stops the writer: a commit is never
+  retried blindly.
   Commits run on the event loop's thread: a hand-off to a writer thread measured ~60 µs per
   round trip here, a third of a durable commit, so a lone writer would pay it on every step.
 * Reads run on the calling thread over a per-thread connection; in WAL they never block on the
@@ -275,7 +276,6 @@ class SQLiteStore:
         if self._broken is not None:
             self._fail_all(batch, StorageWriteError(f"the SQLite writer for {self.path} stopped"))
             return
-        single = len(batch) == 1
         try:
             faults.hit("before_append")
             conn.execute("BEGIN IMMEDIATE")
@@ -284,16 +284,13 @@ class SQLiteStore:
             return
         try:
             for req in batch:
-                if not single:
-                    conn.execute("SAVEPOINT loom_request")
+                # A request either applies fully or raises a refusal having left nothing
+                # behind (each apply compensates its own partial writes), so coalesced requests
+                # need no SAVEPOINT each: a refusal fails only its own caller.
                 try:
                     req.result = req.apply(conn)
                 except LoomError as refusal:
                     req.error = refusal
-                    if not single:
-                        conn.execute("ROLLBACK TO loom_request")
-                if not single:
-                    conn.execute("RELEASE loom_request")
             if all(r.error is not None for r in batch):
                 conn.execute("ROLLBACK")
                 self._answer_all(batch)
@@ -381,6 +378,17 @@ class SQLiteStore:
                 else:
                     conn.executemany(_INSERT_EVENT, rows)
             except sqlite3.IntegrityError as exc:
+                # Undo this request's own writes: the sequences were free (the head said so)
+                # and the transaction still holds the write lock.
+                conn.execute(
+                    "DELETE FROM loom_events WHERE execution_id = ? AND sequence >= ? "
+                    "AND sequence < ?",
+                    (execution_id, first, first + count),
+                )
+                conn.execute(
+                    "UPDATE loom_heads SET next_sequence = ? WHERE execution_id = ?",
+                    (first, execution_id),
+                )
                 raise DuplicateEnvelopeIdError(
                     f"an envelope id of this batch is already stored ({exc})",
                     execution_id=execution_id,
