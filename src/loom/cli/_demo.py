@@ -70,7 +70,9 @@ def effect_counts(ledger: str, execution_id: str) -> dict[str, int]:
             "SELECT step, COUNT(*) FROM effects WHERE execution_id = ? GROUP BY step",
             (execution_id,),
         ).fetchall()
-    return {step: n for step, n in rows}
+    counts = dict(rows)
+    order = ["inspect", "assess-risk", "apply"]
+    return {step: counts[step] for step in order if step in counts}
 
 
 @loom.step(id="inspect")
