@@ -257,8 +257,15 @@ class SQLiteStore:
         lane.pending.append(req)
         if not lane.leading:
             lane.leading = True
+            cancelled: asyncio.CancelledError | None = None
             try:
-                await asyncio.sleep(0)
+                try:
+                    await asyncio.sleep(0)
+                except asyncio.CancelledError as exc:
+                    # Other tasks' writes are queued behind this leader: commit them anyway,
+                    # then honour the cancellation. (This caller's own write may commit too,
+                    # as any write cancelled after submission may.)
+                    cancelled = exc
                 while lane.pending:
                     batch = lane.pending[: self.max_batch]
                     del lane.pending[: self.max_batch]
@@ -266,10 +273,8 @@ class SQLiteStore:
                         self._run_batch(self._writer_conn(), batch)
             finally:
                 lane.leading = False
-                for orphan in lane.pending:  # only if the leader itself was cancelled
-                    orphan.error = StorageWriteError("write abandoned: its leader was cancelled")
-                    _answer(orphan)
-                lane.pending.clear()
+            if cancelled is not None:
+                raise cancelled
         return await req.future
 
     def _run_batch(self, conn: sqlite3.Connection, batch: list[_Request]) -> None:
