@@ -2,6 +2,7 @@
 
 from loom.runtime._clock import Clock, SystemClock
 from loom.runtime._context import SuspendExecution, UIState, WorkflowContext
+from loom.runtime._observe import StepObserver
 from loom.runtime._runtime import ExecutionHandle, WorkflowRuntime
 from loom.runtime._sdk import (
     Flow,
@@ -24,6 +25,7 @@ __all__ = [
     "RetryPolicy",
     "Step",
     "StepInfo",
+    "StepObserver",
     "SuspendExecution",
     "SystemClock",
     "TimerService",

@@ -165,7 +165,8 @@ class WorkflowContext:
             token = _current_step.set(info)
             try:
                 faults.hit("before_effect")
-                value = await step.invoke(*args, **kwargs)
+                with driver.observer.step(info):
+                    value = await step.invoke(*args, **kwargs)
                 output = step.output.dump(value, f"output of step {step.id!r}")
                 # Encoding now turns an unstorable result into a step failure, not a crash.
                 encode_json(output, limits=driver.limits, what=f"output of step {step.id!r}")

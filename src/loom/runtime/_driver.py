@@ -8,6 +8,7 @@ from typing import Any
 
 from loom.model import Envelope, EventType, ExecutionState, PayloadLimits, apply_event
 from loom.runtime._clock import Clock
+from loom.runtime._observe import NO_OBSERVER, StepObserver
 from loom.storage import Snapshot, Store, Timer
 
 __all__ = ["Driver"]
@@ -45,6 +46,7 @@ class Driver:
         self.task: asyncio.Task[None] | None = None
         #: Set by the runtime: makes a timer durable (before the wait that needs it is logged).
         self.schedule_timer: Callable[[Timer], Awaitable[None]] | None = None
+        self.observer: StepObserver = NO_OBSERVER
 
     def build(self, events: Sequence[tuple[EventType, dict[str, Any]]]) -> list[Envelope]:
         now = self.clock.now()

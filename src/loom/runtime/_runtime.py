@@ -42,6 +42,7 @@ from loom.model import (
 from loom.runtime._clock import Clock, SystemClock
 from loom.runtime._context import TIMER_EVENT, SuspendExecution, WorkflowContext, error_record
 from loom.runtime._driver import Driver
+from loom.runtime._observe import NO_OBSERVER, StepObserver
 from loom.runtime._sdk import Flow
 from loom.runtime.timers import TimerService, WakeOutcome
 from loom.storage import Store, Timer, TimerStore
@@ -70,6 +71,7 @@ class WorkflowRuntime:
     number of events between snapshots (loading reads the newest snapshot plus the tail).
     With ``timers=True`` (the default) the runtime fires due timers of its store itself once it
     is in use; pass ``timers=False`` where a separate :class:`TimerService` does that.
+    ``observer`` wraps every step attempt (e.g. ``loom.otel.OpenTelemetryObserver()``).
     """
 
     def __init__(
@@ -80,6 +82,7 @@ class WorkflowRuntime:
         snapshot_every: int = 256,
         limits: PayloadLimits = DEFAULT_LIMITS,
         timers: bool = True,
+        observer: StepObserver | None = None,
     ) -> None:
         if store is None:
             from loom.storage import SQLiteStore
@@ -99,6 +102,7 @@ class WorkflowRuntime:
         if self._timer_store is not None:
             self.timers = TimerService(self._timer_store, self._wake_locally, clock=self.clock)
         self._serve_timers = timers
+        self.observer: StepObserver = observer or NO_OBSERVER
 
     # ------------------------------------------------------------------ registry
 
@@ -442,6 +446,7 @@ class WorkflowRuntime:
         )
         if self._timer_store is not None:
             driver.schedule_timer = self._schedule_timer
+        driver.observer = self.observer
         return driver
 
     async def _schedule_timer(self, timer: Timer) -> None:

@@ -1,0 +1,45 @@
+"""OpenTelemetry tracing for steps (extra ``loom-runtime[otel]``).
+
+    runtime = loom.WorkflowRuntime(store, observer=loom.otel.OpenTelemetryObserver())
+
+Each attempt of a step's effect becomes a span ``loom.step <id>`` with the execution id,
+position, attempt and idempotency key as attributes; a failing attempt records its exception.
+Replayed steps create no span: they run nothing.
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from typing import Any
+
+from loom.errors import ConfigurationError
+from loom.runtime._sdk import StepInfo
+
+__all__ = ["OpenTelemetryObserver"]
+
+
+class OpenTelemetryObserver:
+    def __init__(self, tracer: Any = None) -> None:
+        if tracer is None:
+            try:
+                from opentelemetry import trace
+            except ImportError as exc:  # pragma: no cover - depends on the environment
+                raise ConfigurationError(
+                    "OpenTelemetry is not installed",
+                    hint="pip install 'loom-runtime[otel]'",
+                ) from exc
+            tracer = trace.get_tracer("loom")
+        self.tracer = tracer
+
+    def step(self, info: StepInfo) -> AbstractContextManager[object]:
+        span: AbstractContextManager[object] = self.tracer.start_as_current_span(
+            f"loom.step {info.step_id}",
+            attributes={
+                "loom.execution_id": info.execution_id,
+                "loom.step_id": info.step_id,
+                "loom.position": info.position,
+                "loom.attempt": info.attempt,
+                "loom.idempotency_key": info.idempotency_key,
+            },
+        )
+        return span
