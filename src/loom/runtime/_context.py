@@ -168,48 +168,59 @@ class WorkflowContext:
                 with driver.observer.step(info):
                     value = await step.invoke(*args, **kwargs)
                 output = step.output.dump(value, f"output of step {step.id!r}")
-                # Encoding now turns an unstorable result into a step failure, not a crash.
-                encode_json(output, limits=driver.limits, what=f"output of step {step.id!r}")
             except Exception as exc:
-                final = not step.retry.should_retry(exc, attempt) or isinstance(exc, PayloadError)
-                record = error_record(exc)
-                await driver.append(
-                    [
-                        (
-                            EventType.STEP_FAILED,
-                            {
-                                "position": pos,
-                                "step_id": step.id,
-                                "attempt": attempt,
-                                "error": record,
-                                "final": final,
-                            },
-                        )
-                    ]
-                )
-                if final:
-                    raise self._step_failed(step, pos, attempt, record) from exc
-                await driver.clock.sleep(step.retry.backoff(attempt))
+                await self._attempt_failed(step, pos, attempt, exc)
                 attempt += 1
                 continue
             finally:
                 _current_step.reset(token)
             faults.hit("after_effect_before_record")
-            await driver.append(
-                [
-                    (
-                        EventType.STEP_COMPLETED,
-                        {
-                            "position": pos,
-                            "step_id": step.id,
-                            "attempt": attempt,
-                            "output": output,
-                            "started_at": started_at,
-                        },
-                    )
-                ]
-            )
+            try:
+                await driver.append(
+                    [
+                        (
+                            EventType.STEP_COMPLETED,
+                            {
+                                "position": pos,
+                                "step_id": step.id,
+                                "attempt": attempt,
+                                "output": output,
+                                "started_at": started_at,
+                            },
+                        )
+                    ]
+                )
+            except PayloadError as exc:
+                # The output is not storable (checked while building the record, before the
+                # store saw anything): a step failure, never a crash of the flow's driver.
+                await self._attempt_failed(step, pos, attempt, exc)
             return value
+
+    async def _attempt_failed(
+        self, step: Step[Any, Any], pos: int, attempt: int, exc: BaseException
+    ) -> None:
+        """Record a failed attempt, then wait out the backoff before the next one, or raise
+        :class:`StepFailedError` when the retry policy is exhausted."""
+        driver = self._driver
+        final = not step.retry.should_retry(exc, attempt) or isinstance(exc, PayloadError)
+        record = error_record(exc)
+        await driver.append(
+            [
+                (
+                    EventType.STEP_FAILED,
+                    {
+                        "position": pos,
+                        "step_id": step.id,
+                        "attempt": attempt,
+                        "error": record,
+                        "final": final,
+                    },
+                )
+            ]
+        )
+        if final:
+            raise self._step_failed(step, pos, attempt, record) from exc
+        await driver.clock.sleep(step.retry.backoff(attempt))
 
     def _step_failed(
         self, step: Step[Any, Any], pos: int, attempts: int, record: dict[str, Any]

@@ -31,7 +31,9 @@ __all__ = [
 
 
 #: Snapshots hold a whole folded state, so they get a far larger allowance than one event.
-SNAPSHOT_LIMITS = PayloadLimits(max_bytes=1 << 30, max_depth=128)
+#: Their depth is bounded by the events folded into them (each checked on the way in), so the
+#: depth limit here only guards the decoder.
+SNAPSHOT_LIMITS = PayloadLimits(max_bytes=1 << 30, max_depth=900)
 
 
 def batch_head(envelopes: Sequence[Envelope]) -> tuple[str, int, int]:
