@@ -20,11 +20,7 @@ import pytest
 from psycopg.conninfo import make_conninfo
 
 from loom.storage.postgres import PostgresStore
-
-try:  # under pytest, tests/ is on sys.path; under ``python -m tests.chaos_store`` it is not
-    from conftest import PG_DSN
-except ImportError:  # pragma: no cover - depends on how the module is run
-    from tests.conftest import PG_DSN
+from tests.conftest import PG_DSN
 
 __all__ = ["PG_DSN", "pg_reason", "require_pg", "tagged_dsn", "temp_schema", "terminate"]
 

@@ -21,29 +21,20 @@ from loom.placement import (
     SupervisingDispatcher,
     is_superseded_refusal,
 )
-from loom.storage import SQLiteStore, Store
+from loom.storage import SQLiteStore, Store, TenantScopedEventStore
 from tests.arena import Arena, ArenaWorker, DelayedBootstrap
 
 EID = "pay-7"
 PACKAGE = ExecutionPackage(execution_id=EID, flow_id="one-effect")
 
 
-def _views() -> list[str]:
-    try:
-        import loom.storage.tenancy  # noqa: F401
-    except ImportError:
-        return ["plain"]
-    return ["plain", "tenant"]
-
-
-@pytest.fixture(params=_views())
+@pytest.fixture(params=["plain", "tenant"])
 async def arena(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
     shared = SQLiteStore(tmp_path / "arena.db")
     if request.param == "tenant":
-        from loom.storage.tenancy import TenantScopedEventStore
 
         def view(store: Store) -> Store:
-            return TenantScopedEventStore(store, "acme")  # type: ignore[return-value]
+            return TenantScopedEventStore(store, "acme")
     else:
 
         def view(store: Store) -> Store:
@@ -173,8 +164,8 @@ async def test_start_fenced_out_by_a_silent_holder_completes(arena: Arena) -> No
 # guard removed and assert the failure, and the seed's exact effect counts.
 
 
-async def _run_reverted(case: Any, tmp_path: Path) -> int:
-    arena = Arena(SQLiteStore(tmp_path / "mutant.db"), lambda s: s)
+async def _run_reverted(case: Any, tmp_path: Path, view: Any = lambda s: s) -> int:
+    arena = Arena(SQLiteStore(tmp_path / "mutant.db"), view)
     try:
         with pytest.raises(AssertionError):
             await case(arena)
@@ -217,3 +208,22 @@ async def test_reverting_the_start_fenced_out_cause_loses_the_start(
 
     monkeypatch.setattr(sqlite_module, "refusal_for", reverted)
     assert await _run_reverted(test_start_fenced_out_by_a_silent_holder_completes, tmp_path) == 0
+
+
+async def test_reverting_the_tenant_unscoping_fails_the_tenant_variants(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Refusals would name the scoped key ("acme:pay-7"): the predicate must not match them.
+    monkeypatch.setattr(TenantScopedEventStore, "_tenant_error", lambda self, err: err)
+    counts = []
+    for i, case in enumerate(
+        [
+            test_sequence_zero_race_runs_the_effect_once,
+            test_duplicate_dispatch_after_bootstrap_runs_it_twice,
+            test_supervised_stack_runs_it_twice_with_circuit_closed,
+        ]
+    ):
+        sub = tmp_path / str(i)
+        sub.mkdir()
+        counts.append(await _run_reverted(case, sub, lambda s: TenantScopedEventStore(s, "acme")))
+    assert counts == [5, 6, 18]

@@ -237,3 +237,30 @@ async def test_supervisor_circuit_opens_and_resets() -> None:
     with pytest.raises(ConnectionError):
         await sup.dispatch(pkg)  # half-open: one trial goes through
     assert target.calls == 4
+
+
+class RejectsWholeBatches(loom.InMemoryStore):
+    """A store that, once, rejects a whole coalesced batch with ANOTHER execution's refusal
+    (as the seed's stores do): for this execution that is a genuine failure."""
+
+    armed = True
+
+    async def append(self, envelopes: Any) -> None:
+        if self.armed and envelopes[0].type is EventType.STEP_COMPLETED:
+            self.armed = False
+            err = StorageWriteError("coalesced batch rejected")
+            err.__cause__ = StaleFenceError("stale", execution_id="someone-else")
+            raise err
+        await super().append(envelopes)
+
+
+async def test_another_executions_refusal_in_a_batch_is_retried_end_to_end() -> None:
+    ran: list[str] = []
+    rt = loom.WorkflowRuntime(RejectsWholeBatches())
+    rt.register(_two_step_flow(None, ran))
+    dispatcher = LocalDispatcher(LocalWorkerRuntime(rt), max_attempts=2)
+    result = await dispatcher.dispatch(ExecutionPackage(execution_id="b", flow_id="two-steps"))
+    assert result.status is ExecutionStatus.COMPLETED
+    assert dispatcher.attempts == 2
+    assert ran == ["a", "a", "b"]  # the unrecorded step ran again on the retry
+    await rt.close()

@@ -51,6 +51,8 @@ def encode_json(
     """Encode ``value`` as compact JSON or raise :class:`PayloadError` saying why not."""
     try:
         text = _encoder.encode(value)
+        if not text.isascii():
+            text.encode()  # lone surrogates cannot be stored as UTF-8
     except (TypeError, ValueError, RecursionError) as exc:
         raise PayloadError(f"{what} is not storable as JSON: {exc}") from exc
     if _may_be_too_deep(text, limits) and _depth_exceeds(value, limits.max_depth):

@@ -282,6 +282,8 @@ class WorkflowRuntime:
                     ]
                 )
             except StaleFenceError as exc:
+                if exc.execution_id != execution_id:
+                    raise  # another execution's refusal: a genuine failure for this one
                 if fence is not None:
                     raise _superseded(execution_id, exc) from exc
                 continue  # another decision or holder moved first: look again
@@ -398,6 +400,8 @@ class WorkflowRuntime:
                 ]
             )
         except StaleFenceError as exc:
+            if exc.execution_id != execution_id:
+                raise
             raise _superseded(execution_id, exc) from exc
         return self._launch(driver, flow)
 
@@ -420,7 +424,9 @@ class WorkflowRuntime:
             driver = self._new_driver(state, fence, last_snapshot=snap_seq)
             try:
                 await driver.append([(EventType.EXECUTION_CANCELLED, {"reason": reason})])
-            except StaleFenceError:
+            except StaleFenceError as exc:
+                if exc.execution_id != execution_id:
+                    raise
                 continue
             if self._timer_store is not None:
                 await self._timer_store.cancel_timers(execution_id)
@@ -497,6 +503,8 @@ class WorkflowRuntime:
                     ]
                 )
             except StaleFenceError as exc:
+                if exc.execution_id != execution_id:
+                    raise
                 if fence is not None:
                     raise _superseded(execution_id, exc) from exc
                 continue
@@ -539,11 +547,16 @@ class WorkflowRuntime:
             else:
                 await driver.append([(EventType.EXECUTION_COMPLETED, {"output": output})])
         except StaleFenceError as exc:
-            # Fenced out. If a cancel did it, the handle reports the cancellation; otherwise
-            # another holder owns the execution now.
-            latest = await self.load_state(eid)
-            if latest is None or not latest.is_terminal:
-                driver.error = _superseded(eid, exc)
+            if exc.execution_id != eid:
+                # A store that rejects a whole coalesced batch named another execution: for
+                # this one it is a genuine storage failure (retryable), not a supersession.
+                driver.error = exc
+            else:
+                # Fenced out. If a cancel did it, the handle reports the cancellation;
+                # otherwise another holder owns the execution now.
+                latest = await self.load_state(eid)
+                if latest is None or not latest.is_terminal:
+                    driver.error = _superseded(eid, exc)
         except asyncio.CancelledError as exc:
             driver.error = exc
             raise

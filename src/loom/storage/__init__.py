@@ -1,16 +1,33 @@
 """Storage: the EventStore / SnapshotStore SPI and the stores that implement it."""
 
+from typing import TYPE_CHECKING
+
 from loom.storage._spi import EventStore, Snapshot, SnapshotStore, Store, Timer, TimerStore
 from loom.storage.memory import InMemoryStore
 from loom.storage.sqlite import SQLiteStore
+from loom.storage.tenancy import TenantScopedEventStore
+
+if TYPE_CHECKING:
+    from loom.storage.postgres import PostgresStore
 
 __all__ = [
     "EventStore",
     "InMemoryStore",
+    "PostgresStore",
     "SQLiteStore",
     "Snapshot",
     "SnapshotStore",
     "Store",
+    "TenantScopedEventStore",
     "Timer",
     "TimerStore",
 ]
+
+
+def __getattr__(name: str) -> object:
+    # PostgresStore needs the optional psycopg extra: import it only when asked for.
+    if name == "PostgresStore":
+        from loom.storage.postgres import PostgresStore
+
+        return PostgresStore
+    raise AttributeError(f"module 'loom.storage' has no attribute {name!r}")

@@ -34,7 +34,7 @@ import asyncio
 import hashlib
 import re
 from collections import Counter
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -92,23 +92,30 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
 # (0 rows moved) writes nothing and needs no rollback. The head is returned for the refusal.
 _APPEND = """
 WITH moved AS (
-    UPDATE {s}.heads SET next_sequence = %(end)s
+    UPDATE {{s}}.heads SET next_sequence = %(end)s
     WHERE execution_id = %(eid)s AND fence = %(fence)s AND next_sequence = %(first)s
     RETURNING execution_id
 ), ins AS (
-    INSERT INTO {s}.events
+    INSERT INTO {{s}}.events
         (execution_id, sequence, envelope_id, type, payload, recorded_at, fence, checksum)
-    SELECT moved.execution_id, r.seq, r.eid, r.typ, r.payload, r.at, %(fence)s, r.sum
-    FROM moved, unnest(%(seqs)s::bigint[], %(ids)s::text[], %(types)s::text[],
-                       %(payloads)s::text[], %(ats)s::float8[], %(sums)s::text[])
-         AS r(seq, eid, typ, payload, at, sum)
+    {rows}
     RETURNING 1
 )
-SELECT (SELECT count(*) FROM ins),
-       (SELECT count(pg_notify(%(channel)s, %(note)s)) FROM moved),
-       h.fence, h.next_sequence
-FROM (SELECT 1) AS one LEFT JOIN {s}.heads AS h ON h.execution_id = %(eid)s
+SELECT (SELECT count(*) FROM ins), {notify}, h.fence, h.next_sequence
+FROM (SELECT 1) AS one LEFT JOIN {{s}}.heads AS h ON h.execution_id = %(eid)s
 """
+
+_NOTIFY = "(SELECT count(pg_notify(%(channel)s, %(note)s)) FROM moved)"
+
+# Most appends carry one envelope: scalar parameters cost far less to send than arrays.
+_ONE_ROW = (
+    "SELECT moved.execution_id, %(first)s, %(id)s, %(type)s, %(payload)s, %(at)s::float8, "
+    "%(fence)s, %(sum)s FROM moved"
+)
+_MANY_ROWS = """SELECT moved.execution_id, r.seq, r.eid, r.typ, r.payload, r.at, %(fence)s, r.sum
+    FROM moved, unnest(%(seqs)s::bigint[], %(ids)s::text[], %(types)s::text[],
+                       %(payloads)s::text[], %(ats)s::float8[], %(sums)s::text[])
+         AS r(seq, eid, typ, payload, at, sum)"""
 
 _FENCE = (
     "INSERT INTO {s}.heads AS h (execution_id, fence, next_sequence) VALUES (%s, 1, 0) "
@@ -193,6 +200,11 @@ class PostgresStore:
     ``group_commit=False`` gives every write its own transaction (one connection each, up to
     ``pool_max`` at once). ``schema`` isolates one Loom database from another in the same
     PostgreSQL database (tests use a fresh schema each and :meth:`drop_schema` afterwards).
+
+    ``notify=False`` leaves ``pg_notify`` out of appends: PostgreSQL serialises the commits of
+    all notifying transactions in a database (a lock held through the commit's WAL flush),
+    which caps many *uncoalesced* writers; ``wait_for_append`` then polls every
+    ``poll_interval``. With group commit one notification covers a whole batch.
     """
 
     def __init__(
@@ -209,6 +221,7 @@ class PostgresStore:
         resolve_timeout: float = 15.0,
         poll_interval: float = 0.05,
         safety_poll_interval: float = 1.0,
+        notify: bool = True,
         limits: PayloadLimits = DEFAULT_LIMITS,
     ) -> None:
         if not _SCHEMA_NAME.fullmatch(schema):
@@ -235,9 +248,12 @@ class PostgresStore:
         self.poll_interval = poll_interval
         self.safety_poll_interval = safety_poll_interval
         self.limits = limits
+        self.notify = notify
         s = f'"{schema}"'
+        note = _NOTIFY if notify else "0"
         self._sql = {
-            "append": _APPEND.format(s=s),
+            "append_one": _APPEND.format(rows=_ONE_ROW, notify=note).format(s=s),
+            "append_many": _APPEND.format(rows=_MANY_ROWS, notify=note).format(s=s),
             "fence": _FENCE.format(s=s),
             "snapshot": _SNAPSHOT.format(s=s),
             "head": _HEAD.format(s=s),
@@ -394,40 +410,76 @@ class PostgresStore:
     # ---------------------------------------------------------------- group commit
 
     async def _submit(self, req: _Request) -> Any:
-        """Queue one write; it commits with every write queued meanwhile.
+        """Commit one write, coalesced with every write queued meanwhile.
 
-        Batches run in their own tasks, so a caller that is cancelled never strands the other
-        callers of its batch. The first writer starts a batch task; writers that become ready
-        before that task runs join its batch; later ones start the next (at most
-        ``max_inflight_batches`` at once) or are picked up when a batch finishes.
+        The first writer to find no batch collecting leads: it yields once so that every task
+        that is ready now can queue behind it (as ``SQLiteStore`` does), then takes the queue. A
+        lone write commits right there, in the caller's task (no hop). A shared batch runs in a
+        task of its own, so that a cancelled caller never strands the others; when it finishes it
+        takes whatever queued meanwhile. At most ``max_inflight_batches`` batches run at once.
         """
         await self._ensure_open()
         self._pending.append(req)
-        if not self._collecting and self._inflight < self.max_inflight_batches:
-            self._start_batch_task()
-        return await req.future
-
-    def _start_batch_task(self) -> None:
+        if self._collecting or self._inflight >= self.max_inflight_batches:
+            return await req.future  # a batch that is collecting, or the next free one, takes it
         self._collecting = True
         self._inflight += 1
-        task = asyncio.get_running_loop().create_task(self._flush())
+        if self.group_commit:
+            try:
+                await asyncio.sleep(0)
+            except BaseException:  # cancelled while collecting: hand the others to a batch task
+                self._collecting = False
+                self._inflight -= 1
+                if req in self._pending:
+                    self._pending.remove(req)
+                self._maybe_start_batch_task()
+                raise
+        batch = self._take_batch()
+        if batch != [req]:
+            self._spawn(self._flush(batch))
+            return await req.future
+        try:
+            await self._run_batch(batch)
+        except BaseException:
+            if req.future.done() and not req.future.cancelled():
+                req.future.exception()  # retrieved: the caller gets the interruption instead
+            raise
+        finally:
+            self._inflight -= 1
+            self._maybe_start_batch_task()
+        return req.future.result()
+
+    def _take_batch(self) -> list[_Request]:
+        batch = self._pending[: self.max_batch]
+        del self._pending[: self.max_batch]
+        self._collecting = False
+        self._maybe_start_batch_task()  # what is left beyond max_batch
+        return batch
+
+    def _maybe_start_batch_task(self) -> None:
+        if self._pending and not self._collecting and self._inflight < self.max_inflight_batches:
+            self._collecting = True
+            self._inflight += 1
+            self._spawn(self._flush(None))
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _flush(self) -> None:
+    async def _flush(self, batch: list[_Request] | None) -> None:
+        """Run ``batch`` (or take one: this task was started while writers queued), then keep
+        taking what queued meanwhile, as long as no other batch is collecting it."""
         try:
             while True:
-                batch = self._pending[: self.max_batch]
-                del self._pending[: self.max_batch]
-                self._collecting = False
-                if self._pending and self._inflight < self.max_inflight_batches:
-                    self._start_batch_task()
+                if batch is None:
+                    batch = self._take_batch()
                 if batch:
                     await self._run_batch(batch)
                 if not self._pending or self._collecting:
                     return
-                # Writers queued while we committed and nobody else is collecting: take them.
                 self._collecting = True
+                batch = None
         finally:
             self._inflight -= 1
 
@@ -651,13 +703,17 @@ class PostgresStore:
             await asyncio.sleep(delay)  # the server may be restarting: back off and ask again
             delay = min(delay * 2, 1.0)
 
-    def _check_pool(self) -> None:
-        # After a lost connection the pool's idle connections are probably dead too (a server
-        # restart kills them all): have the pool test and replace them in the background.
+    def _check_pool(self) -> asyncio.Task[None] | None:
+        """Have the pool test its idle connections and replace the dead ones, in the background.
+
+        After a lost connection the others are probably dead too (a server restart or a
+        terminated session kills them all, and the pool only learns it when one is used)."""
         pool = self._pool
-        if pool is None or self._closed or (self._check_task and not self._check_task.done()):
-            return
-        self._check_task = asyncio.get_running_loop().create_task(self._run_pool_check(pool))
+        if pool is None or self._closed:
+            return None
+        if self._check_task is None or self._check_task.done():
+            self._check_task = asyncio.get_running_loop().create_task(self._run_pool_check(pool))
+        return self._check_task
 
     async def _run_pool_check(self, pool: AsyncConnectionPool[_Conn]) -> None:
         try:
@@ -688,13 +744,15 @@ class PostgresStore:
                     cur = await conn.execute(sql, params)
                     return await cur.fetchall()
             except psycopg.OperationalError as exc:
-                # Reads are idempotent: one retry on a fresh connection hides a connection that
-                # died while idle in the pool (server restart, terminated backend).
-                self._check_pool()
+                # Reads are idempotent: once the pool has replaced the connections that died
+                # while idle (server restart, terminated sessions), one retry hides the loss.
+                check = self._check_pool()
                 if attempt == 2 or isinstance(exc, PoolTimeout | psycopg.errors.QueryCanceled):
                     raise StorageError(
                         f"PostgreSQL store ({self.schema}): read failed: {exc}"
                     ) from exc
+                if check is not None:
+                    await asyncio.shield(check)
             except psycopg.Error as exc:
                 raise StorageError(f"PostgreSQL store ({self.schema}): read failed: {exc}") from exc
         raise AssertionError("unreachable")
@@ -710,24 +768,35 @@ class PostgresStore:
             _storable(e.payload_json, "payload")
         note = execution_id if len(execution_id.encode()) <= _MAX_NOTE_BYTES else ""
         sums = [e.checksum() for e in envelopes]
-        params = {
+        params: dict[str, Any] = {
             "eid": execution_id,
             "fence": fence,
             "first": first,
             "end": first + len(envelopes),
-            "seqs": [e.sequence for e in envelopes],
-            "ids": [e.envelope_id for e in envelopes],
-            "types": [e.type.value for e in envelopes],
-            "payloads": [e.payload_json for e in envelopes],
-            "ats": [e.recorded_at for e in envelopes],
-            "sums": sums,
             "channel": self._channel,
             "note": note,
         }
+        if len(envelopes) == 1:
+            e = envelopes[0]
+            params.update(
+                id=e.envelope_id, type=e.type.value, payload=e.payload_json, at=e.recorded_at
+            )
+            params["sum"] = sums[0]
+            sql = self._sql["append_one"]
+        else:
+            params.update(
+                seqs=[e.sequence for e in envelopes],
+                ids=[e.envelope_id for e in envelopes],
+                types=[e.type.value for e in envelopes],
+                payloads=[e.payload_json for e in envelopes],
+                ats=[e.recorded_at for e in envelopes],
+                sums=sums,
+            )
+            sql = self._sql["append_many"]
         req = _Request(
             "append",
             execution_id,
-            self._sql["append"],
+            sql,
             params,
             asyncio.get_running_loop().create_future(),
             first=first,
@@ -797,14 +866,16 @@ class PostgresStore:
     ) -> int:
         """See :meth:`loom.storage.EventStore.wait_for_append`.
 
-        Appends anywhere (any process) wake the waiter through LISTEN/NOTIFY; while the
-        listener is down the wait falls back to polling every ``poll_interval``.
+        Appends anywhere (any process) wake the waiter through LISTEN/NOTIFY, and appends of
+        this store object at once. A wait that starts while the listener cannot connect polls
+        every ``poll_interval``; one under way when the listener drops re-checks when it
+        drops and when it is back, and every ``safety_poll_interval`` in any case.
         """
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         await self._ensure_open()
         self._ensure_listener()
-        if not self._listening.is_set():
+        if self.notify and not self._listening.is_set():
             # Let LISTEN take effect first so that no other process's append is missed; if the
             # listener cannot connect, polling covers the wait.
             budget = self.connect_timeout if deadline is None else deadline - loop.time()
@@ -825,7 +896,7 @@ class PostgresStore:
                 del self._waiting[execution_id]
 
     def _ensure_listener(self) -> None:
-        if self._listener is None and not self._closed:
+        if self._listener is None and self.notify and not self._closed:
             self._listener = asyncio.get_running_loop().create_task(self._listen())
 
     async def _listen(self) -> None:
@@ -852,7 +923,7 @@ class PostgresStore:
                 self._listening.clear()
             if self._closed:
                 return
-            self._waiters.notify(list(self._waiting))  # re-check now, at the fast poll rate
+            self._waiters.notify(list(self._waiting))  # re-check now: a wake-up may be lost
             await asyncio.sleep(delay)  # the server may be restarting: back off, then reconnect
             delay = min(delay * 2, 1.0)
 

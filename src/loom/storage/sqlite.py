@@ -320,7 +320,20 @@ class SQLiteStore:
                 pass
             self._fail_all(batch, self._write_error("COMMIT failed; the writer stopped", exc))
             return
-        faults.hit("after_append_before_ack")
+        try:
+            faults.hit("after_append_before_ack")
+        except BaseException as exc:
+            # Committed, but the acknowledgement failed: every caller must hear about it (none
+            # may hang), and none may assume nothing was written.
+            err = StorageWriteError(
+                f"SQLite store {self.path}: the batch committed but its acknowledgement "
+                f"failed: {exc}",
+                hint="Re-read the execution before retrying: the write is durable",
+                outcome="committed",
+            )
+            err.__cause__ = exc
+            self._fail_all(batch, err)
+            return
         self._answer_all(batch)
 
     def _write_error(self, what: str, exc: BaseException) -> StorageWriteError:

@@ -1,0 +1,253 @@
+"""TenantScopedEventStore: many tenants over one physical store, each seeing only its own.
+
+Every key a tenant passes is scoped as ``f"{tenant}:{key}"`` before it reaches the physical
+store, and unscoped on the way back, so the physical store enforces fences, the sequence-0 race
+and uniqueness per tenant with its own (database) guarantees; the view adds no state of its own.
+
+* Execution ids: scoped. Reads, fences, snapshots, waits and enumeration only ever name the
+  tenant's own keys; enumeration lists the tenant's executions in ascending (unscoped) order.
+* Envelope ids: scoped too. The physical store keeps envelope ids globally unique, so an
+  unscoped id would let one tenant learn that another tenant stored an id (and pre-claim ids
+  another tenant is about to use). Scoped, a tenant's id collides only with its *own* ids: a
+  duplicate within the tenant raises ``DuplicateEnvelopeIdError`` naming the tenant's
+  (unscoped) execution; the same id in two tenants is two different records.
+* Envelopes are rebuilt with ``dataclasses.replace``: ``payload_json`` is carried verbatim, so
+  the physical store checksums (and later verifies) exactly the bytes it stores, scoped ids
+  included, and the tenant reads back its envelope with its own ids and identical payload.
+* Refusals are re-raised with the caller's unscoped execution id (and the tenant prefix taken
+  out of the message), the same class, details and hint, and the physical store's error as
+  ``__cause__`` (dispatchers match refusals by
+  execution id: a scoped id would read as a genuine failure and be retried). A
+  ``StorageWriteError`` caused by ``StartFencedOutError`` keeps that shape: the new
+  ``StorageWriteError`` is caused by a new unscoped ``StartFencedOutError``, whose cause is the
+  physical store's error. An error naming *another* tenant's execution is never shown: it
+  becomes a plain ``StorageWriteError`` with no cause chain.
+
+Use a physical store only through tenant views: a raw key ``"acme:x"`` written around them is
+tenant ``acme``'s execution ``x``. ``close()`` closes only this view unless
+``close_store=True``: the physical store is shared.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import unicodedata
+from collections.abc import AsyncIterator, Awaitable, Sequence
+from typing import TypeVar
+
+from loom.errors import (
+    ConfigurationError,
+    LoomError,
+    StartFencedOutError,
+    StorageWriteError,
+)
+from loom.model import Envelope
+from loom.storage._spi import EventStore, Snapshot, SnapshotStore
+
+__all__ = ["MAX_TENANT_LENGTH", "SEPARATOR", "TenantScopedEventStore"]
+
+T = TypeVar("T")
+
+SEPARATOR = ":"
+MAX_TENANT_LENGTH = 64
+
+# Every id the physical store holds for a tenant sorts after this and before any key of a
+# tenant that sorts after ours: ':' follows '9', and a tenant id may not contain U+10FFFF
+# (category Cn), so no scoped key of any tenant lies between it and f"{tenant}:".
+_BEFORE_SEPARATOR = "9\U0010ffff"
+
+
+def _check_tenant(tenant: object) -> str:
+    if not isinstance(tenant, str) or not tenant:
+        raise ConfigurationError(f"a tenant id must be a non-empty string, not {tenant!r}")
+    if len(tenant) > MAX_TENANT_LENGTH:
+        raise ConfigurationError(
+            f"tenant id {tenant[:16]!r}... is {len(tenant)} characters; at most "
+            f"{MAX_TENANT_LENGTH} are allowed"
+        )
+    if SEPARATOR in tenant:
+        raise ConfigurationError(
+            f"tenant id {tenant!r} contains {SEPARATOR!r}, the scope separator: it could "
+            "collide with another tenant's keys"
+        )
+    for ch in tenant:
+        # Control, format, surrogate, private-use and unassigned characters, and line/paragraph
+        # separators: invisible or unstable characters make look-alike tenants.
+        if unicodedata.category(ch)[0] == "C" or unicodedata.category(ch) in ("Zl", "Zp"):
+            raise ConfigurationError(
+                f"tenant id {tenant!r} contains the control or invisible character U+{ord(ch):04X}"
+            )
+    return tenant
+
+
+class TenantScopedEventStore:
+    """One tenant's view of a shared :class:`~loom.storage.Store` (see the module docstring).
+
+    ``store`` may be any ``EventStore``; the snapshot methods need it to be a
+    ``SnapshotStore`` too and raise ``ConfigurationError`` otherwise. ``tenant`` must be 1..64
+    characters without ``":"`` or control/invisible characters (``ConfigurationError``).
+    """
+
+    def __init__(self, store: EventStore, tenant: str, *, close_store: bool = False) -> None:
+        self.tenant = _check_tenant(tenant)
+        self.store = store
+        self.close_store = close_store
+        self._prefix = tenant + SEPARATOR
+        self._snapshots = store if isinstance(store, SnapshotStore) else None
+        self._closed = False
+
+    # ---------------------------------------------------------------- scoping
+
+    def _scope(self, key: str) -> str:
+        return self._prefix + key
+
+    def _unscope(self, key: str) -> str:
+        # The physical store only ever hands back keys we scoped; anything else is a bug there.
+        if not key.startswith(self._prefix):
+            raise AssertionError(f"the store returned a key outside tenant {self.tenant!r}")
+        return key[len(self._prefix) :]
+
+    def _scope_envelope(self, env: Envelope) -> Envelope:
+        return dataclasses.replace(
+            env,
+            execution_id=self._scope(env.execution_id),
+            envelope_id=self._scope(env.envelope_id),
+        )
+
+    def _unscope_envelope(self, env: Envelope) -> Envelope:
+        return dataclasses.replace(
+            env,
+            execution_id=self._unscope(env.execution_id),
+            envelope_id=self._unscope(env.envelope_id),
+        )
+
+    async def _call(self, aw: Awaitable[T]) -> T:
+        """Await a physical store call, re-raising its error in the tenant's terms."""
+        try:
+            return await aw
+        except LoomError as err:
+            error = self._tenant_error(err)
+        # Raised outside the except block, so a hidden error is not even the __context__.
+        raise error
+
+    def _tenant_error(self, err: LoomError) -> LoomError:
+        """The physical store's error as this tenant sees it (see the module docstring)."""
+        scoped = err.execution_id
+        if scoped is None:
+            return err  # names no execution (an I/O failure): nothing to translate or hide
+        if not scoped.startswith(self._prefix):
+            # A coalesced batch failed on another tenant's write: for this caller it is a
+            # genuine storage failure, and the other tenant's id must not leak.
+            return StorageWriteError(
+                "the write failed together with another writer's in a coalesced batch; "
+                "nothing was written",
+                hint="Retry the write",
+            )
+        unscoped = scoped[len(self._prefix) :]
+        new = self._translate(err, unscoped)
+        if isinstance(err, StorageWriteError) and isinstance(err.__cause__, StartFencedOutError):
+            cause = self._translate(err.__cause__, unscoped)
+            cause.__cause__ = err
+            new.__cause__ = cause
+        else:
+            new.__cause__ = err
+        return new
+
+    def _translate(self, err: LoomError, unscoped: str) -> LoomError:
+        # Every key in the message (execution and envelope ids) is one of this tenant's.
+        return type(err)(
+            err.message.replace(self._prefix, ""),
+            execution_id=unscoped,
+            hint=err.hint,
+            **err.details,
+        )
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StorageWriteError(f"the store of tenant {self.tenant!r} is closed")
+
+    # ---------------------------------------------------------------- EventStore
+
+    async def append(self, envelopes: Sequence[Envelope]) -> None:
+        """Append the tenant's envelopes; refusals name the unscoped execution id."""
+        self._check_open()
+        await self._call(self.store.append([self._scope_envelope(e) for e in envelopes]))
+
+    async def read(self, execution_id: str, *, from_sequence: int = 0) -> list[Envelope]:
+        """The tenant's envelopes of ``execution_id`` with its own (unscoped) ids."""
+        envelopes = await self._call(
+            self.store.read(self._scope(execution_id), from_sequence=from_sequence)
+        )
+        return [self._unscope_envelope(e) for e in envelopes]
+
+    async def last_sequence(self, execution_id: str) -> int:
+        """See :meth:`loom.storage.EventStore.last_sequence`."""
+        return await self._call(self.store.last_sequence(self._scope(execution_id)))
+
+    async def acquire_fence(self, execution_id: str) -> int:
+        """See :meth:`loom.storage.EventStore.acquire_fence` (fences are per tenant)."""
+        self._check_open()
+        return await self._call(self.store.acquire_fence(self._scope(execution_id)))
+
+    async def current_fence(self, execution_id: str) -> int:
+        """See :meth:`loom.storage.EventStore.current_fence`."""
+        return await self._call(self.store.current_fence(self._scope(execution_id)))
+
+    async def iterate_execution_ids(
+        self, *, after: str | None = None, page_size: int = 256
+    ) -> AsyncIterator[str]:
+        """The tenant's execution ids (unscoped), ascending, paging by ``after``."""
+        start = self._scope(after) if after is not None else self.tenant + _BEFORE_SEPARATOR
+        ids = self.store.iterate_execution_ids(after=start, page_size=page_size)
+        try:
+            async for scoped in ids:
+                if scoped.startswith(self._prefix):
+                    yield scoped[len(self._prefix) :]
+                elif scoped > self._prefix:
+                    return  # past the tenant's range: every later id belongs to others
+        finally:
+            aclose = getattr(ids, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+    async def wait_for_append(
+        self, execution_id: str, after_sequence: int, *, timeout: float | None = None
+    ) -> int:
+        """See :meth:`loom.storage.EventStore.wait_for_append`."""
+        return await self._call(
+            self.store.wait_for_append(self._scope(execution_id), after_sequence, timeout=timeout)
+        )
+
+    async def close(self) -> None:
+        """Close this view (and the physical store only if ``close_store``). Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self.close_store:
+            await self.store.close()
+
+    # ---------------------------------------------------------------- SnapshotStore
+
+    def _snapshot_store(self) -> SnapshotStore:
+        if self._snapshots is None:
+            raise ConfigurationError(
+                f"{type(self.store).__name__} keeps no snapshots; wrap a Store to use them"
+            )
+        return self._snapshots
+
+    async def save_snapshot(self, snapshot: Snapshot) -> None:
+        """Save a snapshot of the tenant's execution (its state is stored as given)."""
+        self._check_open()
+        store = self._snapshot_store()
+        scoped = Snapshot(self._scope(snapshot.execution_id), snapshot.sequence, snapshot.state)
+        await self._call(store.save_snapshot(scoped))
+
+    async def load_snapshot(self, execution_id: str) -> Snapshot | None:
+        """The tenant's newest snapshot of ``execution_id``, or None."""
+        snap = await self._call(self._snapshot_store().load_snapshot(self._scope(execution_id)))
+        if snap is None:
+            return None
+        return Snapshot(execution_id, snap.sequence, snap.state)
+
+    def __repr__(self) -> str:
+        return f"TenantScopedEventStore({self.store!r}, tenant={self.tenant!r})"
