@@ -6,23 +6,21 @@ import asyncio
 import logging
 import os
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from types import TracebackType
-from typing import Any, Generic, TypeVar
+from typing import Any, TypeVar
 
 import pydantic
 
 from loom import faults
 from loom.errors import (
     ConfigurationError,
+    DuplicateSequenceError,
     ExecutionAlreadyExistsError,
-    ExecutionCancelledError,
-    ExecutionFailedError,
     ExecutionNotFoundError,
     ExecutionSupersededError,
     FlowNotFoundError,
     GateTimedOutError,
-    LoomError,
     NonDeterminismError,
     NotWaitingError,
     PayloadError,
@@ -42,12 +40,13 @@ from loom.model import (
 from loom.runtime._clock import Clock, SystemClock
 from loom.runtime._context import TIMER_EVENT, SuspendExecution, WorkflowContext, error_record
 from loom.runtime._driver import Driver
+from loom.runtime._handle import ExecutionHandle
 from loom.runtime._observe import NO_OBSERVER, StepObserver
 from loom.runtime._sdk import Flow
 from loom.runtime.timers import TimerService, WakeOutcome
 from loom.storage import Store, Timer, TimerStore
 
-__all__ = ["ExecutionHandle", "WorkflowRuntime"]
+__all__ = ["ExecutionHandle", "WorkflowRuntime"]  # ExecutionHandle is re-exported here
 
 log = logging.getLogger("loom.runtime")
 
@@ -266,32 +265,14 @@ class WorkflowRuntime:
             gate = self._waiting_gate(state, event_type)
             flow = self.get_flow(state.flow_id, state.flow_version)
             normalized = self._validate_resume(flow, state, event_type, payload)
-            held = fence if fence is not None else await self.store.acquire_fence(execution_id)
-            driver = self._new_driver(state, held, last_snapshot=snap_seq)
-            try:
-                await driver.append(
-                    [
-                        (
-                            EventType.EXECUTION_RESUMED,
-                            {
-                                "position": gate.position,
-                                "event_type": event_type,
-                                "payload": normalized,
-                            },
-                        )
-                    ]
-                )
-            except StaleFenceError as exc:
-                if exc.execution_id != execution_id:
-                    raise  # another execution's refusal: a genuine failure for this one
-                if fence is not None:
-                    raise _superseded(execution_id, exc) from exc
-                continue  # another decision or holder moved first: look again
-            except LoomError as exc:
-                if exc.code == "duplicate_sequence":
-                    continue
-                raise
-            return self._launch(driver, flow)
+            resumed = (
+                EventType.EXECUTION_RESUMED,
+                {"position": gate.position, "event_type": event_type, "payload": normalized},
+            )
+            handle = await self._continue_with(state, snap_seq, fence, resumed, flow)
+            if handle is not None:
+                return handle
+            # another decision or holder moved first: look again
         raise NotWaitingError(
             f"execution {execution_id!r} kept changing while resuming; try again",
             execution_id=execution_id,
@@ -440,6 +421,32 @@ class WorkflowRuntime:
 
     # ------------------------------------------------------------------ driving
 
+    async def _continue_with(
+        self,
+        state: ExecutionState,
+        snap_seq: int,
+        fence: int | None,
+        event: tuple[EventType, dict[str, Any]],
+        flow: Flow[Any, Any],
+    ) -> ExecutionHandle[Any] | None:
+        """Append ``event`` to a waiting execution under ``fence`` (or a new one) and drive
+        the flow on. None means another writer moved first: the caller re-reads and decides
+        again. With a caller's fence, losing it is a superseded refusal."""
+        eid = state.execution_id
+        held = fence if fence is not None else await self.store.acquire_fence(eid)
+        driver = self._new_driver(state, held, last_snapshot=snap_seq)
+        try:
+            await driver.append([event])
+        except StaleFenceError as exc:
+            if exc.execution_id != eid:
+                raise  # another execution's refusal: a genuine failure for this one
+            if fence is not None:
+                raise _superseded(eid, exc) from exc
+            return None
+        except DuplicateSequenceError:
+            return None
+        return self._launch(driver, flow)
+
     def _new_driver(self, state: ExecutionState, fence: int, *, last_snapshot: int) -> Driver:
         driver = Driver(
             self.store,
@@ -491,28 +498,13 @@ class WorkflowRuntime:
             if self.clock.now() < gate.timeout_at:
                 return WakeOutcome.EARLY, None
             flow = self.get_flow(state.flow_id, state.flow_version)
-            held = fence if fence is not None else await self.store.acquire_fence(execution_id)
-            driver = self._new_driver(state, held, last_snapshot=snap_seq)
-            try:
-                await driver.append(
-                    [
-                        (
-                            EventType.TIMER_FIRED,
-                            {"position": position, "timed_out": gate.event_type != TIMER_EVENT},
-                        )
-                    ]
-                )
-            except StaleFenceError as exc:
-                if exc.execution_id != execution_id:
-                    raise
-                if fence is not None:
-                    raise _superseded(execution_id, exc) from exc
-                continue
-            except LoomError as exc:
-                if exc.code == "duplicate_sequence":
-                    continue
-                raise
-            return WakeOutcome.FIRED, self._launch(driver, flow)
+            fired = (
+                EventType.TIMER_FIRED,
+                {"position": position, "timed_out": gate.event_type != TIMER_EVENT},
+            )
+            handle = await self._continue_with(state, snap_seq, fence, fired, flow)
+            if handle is not None:
+                return WakeOutcome.FIRED, handle
         return WakeOutcome.STALE, None
 
     async def serve_timers(self) -> None:
@@ -612,97 +604,3 @@ def _check_id(execution_id: str) -> None:
         )
     if not execution_id.isprintable():
         raise ConfigurationError("an execution id must not contain control characters")
-
-
-class ExecutionHandle(Generic[OutputT]):
-    """A handle on one execution: wait for it to suspend or finish, read its state/result."""
-
-    def __init__(self, runtime: WorkflowRuntime, execution_id: str, driver: Driver | None) -> None:
-        self.runtime = runtime
-        self.execution_id = execution_id
-        self._driver = driver
-
-    async def state(self) -> ExecutionState:
-        state, _ = await self.runtime._require(self.execution_id)
-        return state
-
-    async def _wait(
-        self, done: Callable[[ExecutionState], bool], timeout: float | None
-    ) -> ExecutionState:
-        self.runtime._ensure_timers()  # a process that only awaits must still fire its timers
-        loop = asyncio.get_running_loop()
-        deadline = None if timeout is None else loop.time() + timeout
-
-        def remaining() -> float | None:
-            return None if deadline is None else max(0.0, deadline - loop.time())
-
-        while True:
-            drv = self._driver
-            if drv is not None and not drv.done.is_set():
-                await asyncio.wait_for(drv.done.wait(), remaining())
-            if drv is not None and drv.error is not None:
-                raise drv.error
-            if drv is not None and drv.state.is_terminal:
-                # Terminal is final and the driver applies only what is durable: this is the
-                # state the store holds, without reading it back.
-                state = drv.state
-            else:
-                state = await self.state()
-            if done(state):
-                return state
-            newer = self.runtime._drivers.get(self.execution_id)
-            if newer is not None and newer is not drv:
-                self._driver = newer
-                continue
-            left = remaining()
-            if left is not None and left <= 0:
-                raise TimeoutError(
-                    f"execution {self.execution_id!r} is still {state.status} after {timeout}s"
-                )
-            await self.runtime.store.wait_for_append(
-                self.execution_id, state.last_sequence, timeout=left
-            )
-
-    async def settled(self, timeout: float | None = None) -> ExecutionState:
-        """Wait until the execution is suspended or terminal."""
-        return await self._wait(
-            lambda s: s.is_terminal or s.status is ExecutionStatus.SUSPENDED, timeout
-        )
-
-    async def wait_for_suspend(self, timeout: float | None = None) -> ExecutionState:
-        """Wait until the execution suspends on a gate. Raises NotWaitingError if it ends
-        instead."""
-        state = await self.settled(timeout)
-        if state.is_terminal:
-            raise NotWaitingError(
-                f"execution {self.execution_id!r} ended {state.status} without suspending",
-                execution_id=self.execution_id,
-            )
-        return state
-
-    async def wait_for_completion(self, timeout: float | None = None) -> ExecutionState:
-        """Wait until the execution is completed, failed or cancelled (across any gates)."""
-        return await self._wait(lambda s: s.is_terminal, timeout)
-
-    async def result(self, timeout: float | None = None) -> OutputT:
-        """The flow's output (validated against its return type). Raises
-        :class:`ExecutionFailedError` or :class:`ExecutionCancelledError` otherwise."""
-        state = await self.wait_for_completion(timeout)
-        if state.status is ExecutionStatus.COMPLETED:
-            flow = self.runtime.get_flow(state.flow_id, state.flow_version)
-            value: OutputT = flow.output.load(state.output)
-            return value
-        if state.status is ExecutionStatus.CANCELLED:
-            raise ExecutionCancelledError(
-                f"execution {self.execution_id!r} was cancelled ({state.cancel_reason})",
-                execution_id=self.execution_id,
-            )
-        err = state.error or {}
-        raise ExecutionFailedError(
-            f"execution {self.execution_id!r} failed: {err.get('type')}: {err.get('message')}",
-            execution_id=self.execution_id,
-            error={k: v for k, v in err.items() if k != "traceback"},
-        )
-
-    def __repr__(self) -> str:
-        return f"<ExecutionHandle {self.execution_id!r}>"
