@@ -33,6 +33,9 @@ WORKLOADS: Final = {
     w.key: w
     for w in (
         Workload("per_step", "per-step durable overhead (200-step flow)", "µs/step", False),
+        Workload(
+            "per_step_floor_ratio", "per-step overhead ÷ raw floor measured alongside", "x", False
+        ),
         Workload("throughput", "throughput, 3-step workflows", "wf/s", True),
         Workload("throughput_steps", "throughput, steps of 3-step workflows", "steps/s", True),
         Workload("one_step", "throughput, 1-step workflows", "wf/s", True),
@@ -49,6 +52,7 @@ class Sizes:
 
     reps: int = 5
     steps: int = 200  # per-step workload: steps in the sequential flow
+    floor_rows: int = 1000  # raw-floor commits per repetition (more than steps: it is noisy)
     flows: int = 1000  # throughput workloads: workflows started at once
     warmup_flows: int = 100
     gate_trips: int = 20  # gate round trips per repetition (the repetition's value is their median)
