@@ -58,5 +58,6 @@ def main() -> None:
         "writes accepted, 0 committed steps re-run (each asserted per run)"
     )
 
+
 if __name__ == "__main__":
     main()

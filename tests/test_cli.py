@@ -16,8 +16,12 @@ runner = CliRunner()
 
 def loom_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "loom.cli", *args], cwd=cwd, capture_output=True, text=True,
-        timeout=120, env={**os.environ, "COLUMNS": "200", "PYTHONPATH": str(ROOT)},
+        [sys.executable, "-m", "loom.cli", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "COLUMNS": "200", "PYTHONPATH": str(ROOT)},
     )
 
 
@@ -34,8 +38,9 @@ def test_demo_end_to_end(tmp_path: Path) -> None:
     assert data["state"]["status"] == "completed"
     types = [row["type"] for row in data["timeline"]]
     assert types.count("EXECUTION_STARTED") == 1 and types[-1] == "EXECUTION_COMPLETED"
-    at3 = json.loads(loom_cli("show", "mig-orders", "--db", str(db), "--at", "3", "--json",
-                              cwd=tmp_path).stdout)
+    at3 = json.loads(
+        loom_cli("show", "mig-orders", "--db", str(db), "--at", "3", "--json", cwd=tmp_path).stdout
+    )
     assert at3["state"]["last_sequence"] == 3 and at3["state"]["status"] == "running"
     listed = json.loads(loom_cli("executions", "--db", str(db), "--json", cwd=tmp_path).stdout)
     assert [(e["execution_id"], e["status"]) for e in listed] == [("mig-orders", "completed")]
@@ -63,19 +68,42 @@ def _suspended_demo_execution(tmp_path: Path) -> Path:
 
 def test_resume_and_its_errors(tmp_path: Path) -> None:
     db = str(_suspended_demo_execution(tmp_path))
-    bad_json = runner.invoke(app, ["resume", "m1", "ApprovalGranted", "--data", "{nope",
-                                   "--db", db, "--json"])
+    bad_json = runner.invoke(
+        app, ["resume", "m1", "ApprovalGranted", "--data", "{nope", "--db", db, "--json"]
+    )
     assert bad_json.exit_code == 1
     assert json.loads(bad_json.stdout)["error"]["code"] == "payload"
-    wrong = runner.invoke(app, ["resume", "m1", "ApprovalGranted", "--data",
-                                '{"approved": "maybe"}', "--db", db, "--json"])
+    wrong = runner.invoke(
+        app,
+        [
+            "resume",
+            "m1",
+            "ApprovalGranted",
+            "--data",
+            '{"approved": "maybe"}',
+            "--db",
+            db,
+            "--json",
+        ],
+    )
     assert wrong.exit_code == 1
     err = json.loads(wrong.stdout)["error"]
     assert err["type"] == "ResumeValidationError" and err["execution_id"] == "m1"
     unknown = runner.invoke(app, ["resume", "ghost", "ApprovalGranted", "--db", db])
     assert unknown.exit_code == 1 and "ghost" in unknown.stdout
-    ok = runner.invoke(app, ["resume", "m1", "ApprovalGranted", "--data",
-                             '{"approved": true, "approved_by": "cli"}', "--db", db, "--json"])
+    ok = runner.invoke(
+        app,
+        [
+            "resume",
+            "m1",
+            "ApprovalGranted",
+            "--data",
+            '{"approved": true, "approved_by": "cli"}',
+            "--db",
+            db,
+            "--json",
+        ],
+    )
     assert ok.exit_code == 0, ok.stdout
     assert json.loads(ok.stdout)["status"] == "completed"
 

@@ -18,8 +18,10 @@ The tree::
     ├── ExecutionFailedError               the flow raised; carries the recorded error
     ├── ExecutionCancelledError            the execution was cancelled
     ├── ExecutionSupersededError           another holder owns the execution now
+    ├── AuthenticationError                an HTTP worker refused the caller (401)
     ├── DispatchError                      placement could not run a package
     │   ├── CircuitOpenError               the supervisor's circuit is open
+    │   ├── RemoteWorkerError              a remote attempt failed without an outcome
     │   └── WireFormatError                a package/result of an unknown shape or version
     └── StorageError
         ├── StorageWriteError              the write did not happen (may carry a cause)
@@ -40,6 +42,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 __all__ = [
+    "AuthenticationError",
     "CircuitOpenError",
     "ConfigurationError",
     "CorruptEventError",
@@ -58,6 +61,7 @@ __all__ = [
     "NonDeterminismError",
     "NotWaitingError",
     "PayloadError",
+    "RemoteWorkerError",
     "ResumeError",
     "ResumeValidationError",
     "SchemaVersionError",
@@ -215,6 +219,58 @@ class WireFormatError(DispatchError):
     code = "wire_format"
 
 
+class AuthenticationError(LoomError):
+    """A caller of the HTTP worker could not be authenticated; nothing was run.
+
+    The worker answers it as ``401`` with a ``WWW-Authenticate: Bearer`` header. The message a
+    caller sees is deliberately coarse (which check failed is logged on the worker only).
+    """
+
+    code = "unauthenticated"
+    default_hint = (
+        "Send 'Authorization: Bearer <token>' with the worker's token or a valid ID token"
+    )
+
+
+class RemoteWorkerError(DispatchError):
+    """An attempt on a remote worker failed without an outcome: a failed attempt.
+
+    Raised for connection errors and timeouts (``unreachable`` is True), 5xx answers, 401/403
+    and every 409 that is not the exact superseded refusal for the package's execution. A
+    dispatcher retries it (it is never a superseded refusal). ``status`` is the HTTP status, or
+    None when no answer arrived; ``remote`` is the worker's typed error body, if it sent one.
+    """
+
+    code = "remote_worker"
+    default_hint = (
+        "The execution is resumable: a redispatch (to this or another worker) continues it"
+    )
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        execution_id: str | None = None,
+        hint: str | None = None,
+        status: int | None = None,
+        unreachable: bool = False,
+        remote: dict[str, Any] | None = None,
+        **details: Any,
+    ) -> None:
+        super().__init__(
+            message,
+            execution_id=execution_id,
+            hint=hint,
+            status=status,
+            unreachable=unreachable,
+            remote=remote,
+            **details,
+        )
+        self.status = status
+        self.unreachable = unreachable
+        self.remote = remote
+
+
 class StorageError(LoomError):
     code = "storage"
 
@@ -282,6 +338,8 @@ _BY_NAME: dict[str, type[LoomError]] = {
         DispatchError,
         CircuitOpenError,
         WireFormatError,
+        AuthenticationError,
+        RemoteWorkerError,
         StorageError,
         StorageWriteError,
         StaleFenceError,

@@ -27,6 +27,15 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 console = Console(highlight=False)
+
+
+def _add_worker_commands() -> None:
+    from loom.cli._worker import worker_app
+
+    app.add_typer(worker_app, name="worker")
+
+
+_add_worker_commands()
 T = TypeVar("T")
 
 DbOption = Annotated[

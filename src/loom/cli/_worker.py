@@ -182,7 +182,9 @@ async def _serve(
         port=bound_port,
         log_level=log_level,
         lifespan="on",
-        timeout_graceful_shutdown=max(1, int(drain_timeout)),
+        # Longer than the drain: at the drain deadline our handlers answer 503 themselves,
+        # so uvicorn never has to cancel a request mid-answer.
+        timeout_graceful_shutdown=int(drain_timeout) + 2,
         access_log=log_level == "debug",
     )
     server = _Server(config)

@@ -7,12 +7,22 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from loom.errors import PayloadError, WireFormatError
-from loom.model import ExecutionState, ExecutionStatus, decode_json, encode_json
+from loom.model import (
+    DEFAULT_LIMITS,
+    ExecutionState,
+    ExecutionStatus,
+    PayloadLimits,
+    decode_json,
+    encode_json,
+)
 
 __all__ = ["WIRE_VERSION", "ExecutionPackage", "ExecutionResult", "ResumeEvent"]
 
 #: The wire shape's version. A reader refuses any other with WireFormatError.
 WIRE_VERSION = 1
+
+#: A result carries a whole folded state, so it may be as large and deep as a snapshot.
+RESULT_LIMITS = PayloadLimits(max_bytes=256 << 20, max_depth=900)
 
 
 def _need(data: dict[str, Any], key: str, kind: type | tuple[type, ...], what: str) -> Any:
@@ -40,9 +50,9 @@ def _check_version(data: Any, what: str) -> dict[str, Any]:
     return data
 
 
-def _loads(text: str | bytes, what: str) -> Any:
+def _loads(text: str | bytes, what: str, limits: PayloadLimits = DEFAULT_LIMITS) -> Any:
     try:
-        return decode_json(text)
+        return decode_json(text, limits=limits)
     except PayloadError as exc:
         raise WireFormatError(f"{what} is not valid JSON: {exc.message}") from exc
 
@@ -185,5 +195,8 @@ class ExecutionResult:
         )
 
     @classmethod
-    def from_json(cls, text: str | bytes) -> ExecutionResult:
-        return cls.from_dict(_loads(text, "execution result"))
+    def from_json(
+        cls, text: str | bytes, *, limits: PayloadLimits = RESULT_LIMITS
+    ) -> ExecutionResult:
+        """Decode a result; ``limits`` defaults to snapshot-sized (a whole folded state)."""
+        return cls.from_dict(_loads(text, "execution result", limits))

@@ -545,9 +545,10 @@ class WorkflowRuntime:
                 driver.error = exc
             else:
                 # Fenced out. If a cancel did it, the handle reports the cancellation;
-                # otherwise another holder owns the execution now.
+                # otherwise another holder owns the execution: a superseded refusal (ADR
+                # 0004), even if that holder has finished it meanwhile.
                 latest = await self.load_state(eid)
-                if latest is None or not latest.is_terminal:
+                if latest is None or latest.status is not ExecutionStatus.CANCELLED:
                     driver.error = _superseded(eid, exc)
         except asyncio.CancelledError as exc:
             driver.error = exc
