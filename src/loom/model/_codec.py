@@ -78,9 +78,15 @@ def decode_json(text: str | bytes, *, limits: PayloadLimits = DEFAULT_LIMITS) ->
     return value
 
 
+#: Limits at or above this depth are left to the interpreter's own recursion guard, which the
+#: C JSON encoder and decoder both hit near 1,000 levels (a RecursionError, refused as a
+#: PayloadError). Walking a whole snapshot to re-prove a bound its events already met is waste.
+_WALK_BELOW = 500
+
+
 def _may_be_too_deep(text: str | bytes, limits: PayloadLimits) -> bool:
     """Nesting deeper than the limit needs at least that many opening brackets."""
-    if len(text) < 2 * limits.max_depth:
+    if limits.max_depth >= _WALK_BELOW or len(text) < 2 * limits.max_depth:
         return False
     if isinstance(text, bytes):
         return text.count(b"[") + text.count(b"{") >= limits.max_depth
