@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 from loom.model import Envelope, EventType, ExecutionState, PayloadLimits, apply_event
 from loom.runtime._clock import Clock
 from loom.runtime._observe import NO_OBSERVER, StepObserver
-from loom.storage import Snapshot, Store, Timer
+from loom.storage import CreatesExecutions, Snapshot, Store, Timer
 
 __all__ = ["Driver"]
 
@@ -71,6 +71,18 @@ class Driver:
                 apply_event(self.state, env)
             if self.state.last_sequence - self.last_snapshot >= self.snapshot_every:
                 await self.snapshot()
+
+    async def create(self, events: Sequence[tuple[EventType, dict[str, Any]]]) -> bool:
+        """Start the execution with ``events`` under fence 1 in one atomic write (the caller
+        checked the store is CreatesExecutions); False means use acquire_fence + append."""
+        store = cast(CreatesExecutions, self.store)  # isinstance on a Protocol is slow here
+        async with self.lock:
+            envelopes = self.build(events)
+            if not await store.create_execution(envelopes):
+                return False
+            for env in envelopes:
+                apply_event(self.state, env)
+            return True
 
     async def snapshot(self) -> None:
         if self.state.last_sequence <= self.last_snapshot:

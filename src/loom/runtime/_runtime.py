@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import uuid
 from collections.abc import AsyncIterator
 from types import TracebackType
 from typing import Any, TypeVar
@@ -36,6 +35,7 @@ from loom.model import (
     Gate,
     PayloadLimits,
     apply_event,
+    new_envelope_id,
 )
 from loom.runtime._clock import Clock, SystemClock
 from loom.runtime._context import TIMER_EVENT, SuspendExecution, WorkflowContext, error_record
@@ -44,7 +44,7 @@ from loom.runtime._handle import ExecutionHandle
 from loom.runtime._observe import NO_OBSERVER, StepObserver
 from loom.runtime._sdk import Flow
 from loom.runtime.timers import TimerService, WakeOutcome
-from loom.storage import Store, Timer, TimerStore
+from loom.storage import CreatesExecutions, Store, Timer, TimerStore
 
 __all__ = ["ExecutionHandle", "WorkflowRuntime"]  # ExecutionHandle is re-exported here
 
@@ -101,6 +101,7 @@ class WorkflowRuntime:
         if self._timer_store is not None:
             self.timers = TimerService(self._timer_store, self._wake_locally, clock=self.clock)
         self._serve_timers = timers
+        self._creates = isinstance(store, CreatesExecutions)
         self.observer: StepObserver = observer or NO_OBSERVER
 
     # ------------------------------------------------------------------ registry
@@ -214,19 +215,12 @@ class WorkflowRuntime:
         resolved = self.get_flow(flow, flow_version) if isinstance(flow, str) else flow
         if isinstance(flow, Flow) and self._flows.get(flow.id, {}).get(flow.version) is not flow:
             self.register(flow)
-        execution_id = execution_id or uuid.uuid4().hex
+        # Time-ordered by default: new executions land at the right edge of the store's indexes
+        # instead of dirtying a random page each (measured: random ids halve throughput once
+        # the database outgrows its page cache).
+        execution_id = execution_id or new_envelope_id()
         _check_id(execution_id)
         encoded = resolved.encode_input(input, execution_id)
-        if fence is None:
-            # Never fence an existing execution just to learn it exists: that would evict its
-            # live holder. The sequence-0 check below still settles true races.
-            if await self.store.last_sequence(execution_id) >= 0:
-                raise ExecutionAlreadyExistsError(
-                    f"execution {execution_id!r} already exists", execution_id=execution_id
-                )
-            fence = await self.store.acquire_fence(execution_id)
-        state = ExecutionState(execution_id)
-        driver = self._new_driver(state, fence, last_snapshot=-1)
         payload: dict[str, Any] = {
             "flow_id": resolved.id,
             "flow_version": resolved.version,
@@ -234,8 +228,27 @@ class WorkflowRuntime:
         }
         if metadata:
             payload["metadata"] = metadata
+        started = [(EventType.EXECUTION_STARTED, payload)]
         try:
-            await driver.append([(EventType.EXECUTION_STARTED, payload)])
+            driver: Driver | None = None
+            if fence is None and self._creates:
+                # One atomic write: take fence 1 and record sequence 0 (an existing
+                # execution is refused without being fenced).
+                driver = self._new_driver(ExecutionState(execution_id), 1, last_snapshot=-1)
+                if not await driver.create(started):
+                    driver = None  # a fence was taken by someone who wrote nothing
+            if driver is None:
+                if fence is None:
+                    # Never fence an existing execution just to learn it exists: that would
+                    # evict its live holder. The sequence-0 check still settles true races.
+                    if await self.store.last_sequence(execution_id) >= 0:
+                        raise ExecutionAlreadyExistsError(
+                            f"execution {execution_id!r} already exists",
+                            execution_id=execution_id,
+                        )
+                    fence = await self.store.acquire_fence(execution_id)
+                driver = self._new_driver(ExecutionState(execution_id), fence, last_snapshot=-1)
+                await driver.append(started)
         except PayloadError as exc:
             raise PayloadError(exc.message, execution_id=execution_id) from exc
         faults.hit("after_start_before_drive")

@@ -2,7 +2,15 @@
 
 from typing import TYPE_CHECKING
 
-from loom.storage._spi import EventStore, Snapshot, SnapshotStore, Store, Timer, TimerStore
+from loom.storage._spi import (
+    CreatesExecutions,
+    EventStore,
+    Snapshot,
+    SnapshotStore,
+    Store,
+    Timer,
+    TimerStore,
+)
 from loom.storage.memory import InMemoryStore
 from loom.storage.sqlite import SQLiteStore
 from loom.storage.tenancy import TenantScopedEventStore
@@ -11,6 +19,7 @@ if TYPE_CHECKING:
     from loom.storage.postgres import PostgresStore
 
 __all__ = [
+    "CreatesExecutions",
     "EventStore",
     "InMemoryStore",
     "PostgresStore",

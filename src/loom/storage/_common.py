@@ -22,7 +22,9 @@ from loom.storage._spi import Snapshot
 __all__ = [
     "SNAPSHOT_LIMITS",
     "Waiters",
+    "already_exists",
     "batch_head",
+    "check_first_fence",
     "decode_envelope",
     "decode_snapshot",
     "refusal_for",
@@ -57,6 +59,20 @@ def batch_head(envelopes: Sequence[Envelope]) -> tuple[str, int, int]:
     return first.execution_id, first.sequence, first.fence
 
 
+def check_first_fence(envelopes: Sequence[Envelope]) -> tuple[str, int]:
+    """Validate a create_execution batch; return (execution_id, count)."""
+    execution_id, first, fence = batch_head(envelopes)
+    if first != 0 or fence != 1:
+        raise ValueError("create_execution() takes sequences from 0 carrying fence 1")
+    return execution_id, len(envelopes)
+
+
+def already_exists(execution_id: str) -> ExecutionAlreadyExistsError:
+    return ExecutionAlreadyExistsError(
+        f"execution {execution_id!r} already exists", execution_id=execution_id
+    )
+
+
 def refusal_for(
     execution_id: str, first: int, fence: int, current_fence: int, next_sequence: int
 ) -> LoomError | None:
@@ -67,9 +83,7 @@ def refusal_for(
     fence before the sequence so that a zombie learns it was superseded.
     """
     if first == 0 and next_sequence > 0:
-        return ExecutionAlreadyExistsError(
-            f"execution {execution_id!r} already exists", execution_id=execution_id
-        )
+        return already_exists(execution_id)
     if fence != current_fence:
         if first == 0:
             cause = StartFencedOutError(

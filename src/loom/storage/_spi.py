@@ -8,7 +8,15 @@ from typing import Any, Protocol, runtime_checkable
 
 from loom.model import Envelope
 
-__all__ = ["EventStore", "Snapshot", "SnapshotStore", "Store", "Timer", "TimerStore"]
+__all__ = [
+    "CreatesExecutions",
+    "EventStore",
+    "Snapshot",
+    "SnapshotStore",
+    "Store",
+    "Timer",
+    "TimerStore",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +105,21 @@ class SnapshotStore(Protocol):
 
     async def load_snapshot(self, execution_id: str) -> Snapshot | None:
         """The newest snapshot, or None. Raises ``CorruptEventError`` if it fails its checksum."""
+        ...
+
+
+@runtime_checkable
+class CreatesExecutions(Protocol):
+    """Optional: take an execution's first fence and write its first events in one atomic
+    write (one commit instead of two for every start)."""
+
+    async def create_execution(self, envelopes: Sequence[Envelope]) -> bool:
+        """If nothing was ever recorded for the execution (no fence taken, no event), take
+        fence 1 and append ``envelopes`` (sequence 0 onwards, carrying fence 1) atomically and
+        return True. Return False, writing nothing, when a fence was taken but no event
+        written (fall back to ``acquire_fence`` + ``append``). Raise
+        ``ExecutionAlreadyExistsError`` when sequence 0 exists, ``DuplicateEnvelopeIdError``
+        as ``append`` does."""
         ...
 
 

@@ -9,7 +9,14 @@ from dataclasses import dataclass, field
 from loom import faults
 from loom.errors import DuplicateEnvelopeIdError, StorageWriteError
 from loom.model import Envelope, decode_json, encode_json
-from loom.storage._common import SNAPSHOT_LIMITS, Waiters, batch_head, refusal_for
+from loom.storage._common import (
+    SNAPSHOT_LIMITS,
+    Waiters,
+    already_exists,
+    batch_head,
+    check_first_fence,
+    refusal_for,
+)
 from loom.storage._spi import Snapshot, Timer
 
 __all__ = ["InMemoryStore"]
@@ -59,6 +66,28 @@ class InMemoryStore:
             self._envelope_ids.update(ids)
         faults.hit("after_append_before_ack")
         self._waiters.notify([execution_id])
+
+    async def create_execution(self, envelopes: Sequence[Envelope]) -> bool:
+        execution_id, _ = check_first_fence(envelopes)
+        self._check_open()
+        faults.hit("before_append")
+        with self._lock:
+            head = self._heads.get(execution_id)
+            if head is not None:
+                if head.events:
+                    raise already_exists(execution_id)
+                return False
+            ids = [e.envelope_id for e in envelopes]
+            if any(i in self._envelope_ids for i in ids) or len(set(ids)) != len(ids):
+                raise DuplicateEnvelopeIdError(
+                    "an envelope id of this batch is already stored", execution_id=execution_id
+                )
+            faults.hit("before_commit")
+            self._heads[execution_id] = _Head(1, list(envelopes))
+            self._envelope_ids.update(ids)
+        faults.hit("after_append_before_ack")
+        self._waiters.notify([execution_id])
+        return True
 
     async def read(self, execution_id: str, *, from_sequence: int = 0) -> list[Envelope]:
         with self._lock:

@@ -39,7 +39,9 @@ from loom.model import DEFAULT_LIMITS, Envelope, PayloadLimits, encode_json
 from loom.storage._common import (
     SNAPSHOT_LIMITS,
     Waiters,
+    already_exists,
     batch_head,
+    check_first_fence,
     decode_envelope,
     decode_snapshot,
     refusal_for,
@@ -93,6 +95,19 @@ _INSERT_EVENT = (
     "INSERT INTO loom_events (execution_id, sequence, envelope_id, type, payload, recorded_at,"
     " fence, checksum) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
 )
+
+
+def _event_row(e: Envelope) -> tuple[Any, ...]:
+    return (
+        e.execution_id,
+        e.sequence,
+        e.envelope_id,
+        e.type.value,
+        e.payload_json,
+        e.recorded_at,
+        e.fence,
+        e.checksum(),
+    )
 
 
 @dataclass(eq=False)
@@ -356,19 +371,7 @@ class SQLiteStore:
 
     async def append(self, envelopes: Sequence[Envelope]) -> None:
         execution_id, first, fence = batch_head(envelopes)
-        rows = [
-            (
-                e.execution_id,
-                e.sequence,
-                e.envelope_id,
-                e.type.value,
-                e.payload_json,
-                e.recorded_at,
-                e.fence,
-                e.checksum(),
-            )
-            for e in envelopes
-        ]
+        rows = [_event_row(e) for e in envelopes]
         count = len(rows)
 
         def apply(conn: sqlite3.Connection) -> None:
@@ -413,6 +416,38 @@ class SQLiteStore:
                 ) from exc
 
         await self._submit(apply, execution_id)
+
+    async def create_execution(self, envelopes: Sequence[Envelope]) -> bool:
+        execution_id, count = check_first_fence(envelopes)
+        rows = [_event_row(e) for e in envelopes]
+
+        def apply(conn: sqlite3.Connection) -> bool:
+            created = conn.execute(
+                "INSERT INTO loom_heads (execution_id, fence, next_sequence) VALUES (?, 1, ?) "
+                "ON CONFLICT (execution_id) DO NOTHING",
+                (execution_id, count),
+            ).rowcount
+            if created != 1:
+                head = conn.execute(
+                    "SELECT next_sequence FROM loom_heads WHERE execution_id = ?",
+                    (execution_id,),
+                ).fetchone()
+                if head is not None and head[0] > 0:
+                    raise already_exists(execution_id)
+                return False
+            try:
+                conn.executemany(_INSERT_EVENT, rows)
+            except sqlite3.IntegrityError as exc:
+                conn.execute("DELETE FROM loom_events WHERE execution_id = ?", (execution_id,))
+                conn.execute("DELETE FROM loom_heads WHERE execution_id = ?", (execution_id,))
+                raise DuplicateEnvelopeIdError(
+                    f"an envelope id of this batch is already stored ({exc})",
+                    execution_id=execution_id,
+                ) from exc
+            return True
+
+        created: bool = await self._submit(apply, execution_id)
+        return created
 
     async def read(self, execution_id: str, *, from_sequence: int = 0) -> list[Envelope]:
         rows = (

@@ -25,7 +25,7 @@ from loom.errors import (
     StorageWriteError,
 )
 from loom.model import Envelope, EventType
-from loom.storage import Snapshot, Store
+from loom.storage import CreatesExecutions, Snapshot, Store
 
 __all__ = ["STORE_CHECKS", "StoreFactory", "run_event_store_conformance", "run_store_check"]
 
@@ -267,6 +267,26 @@ async def check_refusal_names_its_own_execution(store: Store, reopen: Reopen | N
     )
     assert isinstance(results[0], StaleFenceError) and results[0].execution_id == "bad"
     assert results[1:] == [None] * len(good), results[1:]
+
+
+@_check
+async def check_create_execution(store: Store, reopen: Reopen | None) -> None:
+    """Optional capability (CreatesExecutions): skipped for stores without it."""
+    if not isinstance(store, CreatesExecutions):
+        return
+    assert await store.create_execution([env("new", 0, 1), env("new", 1, 1)]) is True
+    assert [e.sequence for e in await store.read("new")] == [0, 1]
+    assert await store.current_fence("new") == 1
+    await _expect(ExecutionAlreadyExistsError, store.create_execution([env("new", 0, 1)]))
+    assert await store.acquire_fence("new") == 2  # fences go on from the created one
+    await store.acquire_fence("fenced")  # a holder took a fence and wrote nothing
+    assert await store.create_execution([env("fenced", 0, 1)]) is False
+    assert await store.read("fenced") == []
+    taken = (await store.read("new"))[0].envelope_id
+    await _expect(
+        DuplicateEnvelopeIdError, store.create_execution([env("dup", 0, 1, envelope_id=taken)])
+    )
+    assert await store.read("dup") == [] and await store.current_fence("dup") == 0
 
 
 @_check
