@@ -18,6 +18,7 @@ The tree::
     ├── ExecutionFailedError               the flow raised; carries the recorded error
     ├── ExecutionCancelledError            the execution was cancelled
     ├── ExecutionSupersededError           another holder owns the execution now
+    ├── RuntimeClosedError                 the runtime stopped driving it (still resumable)
     ├── AuthenticationError                an HTTP worker refused the caller (401)
     ├── DispatchError                      placement could not run a package
     │   ├── CircuitOpenError               the supervisor's circuit is open
@@ -64,6 +65,7 @@ __all__ = [
     "RemoteWorkerError",
     "ResumeError",
     "ResumeValidationError",
+    "RuntimeClosedError",
     "SchemaVersionError",
     "StaleFenceError",
     "StartFencedOutError",
@@ -204,6 +206,13 @@ class ExecutionSupersededError(LoomError):
     default_hint = "Another holder owns this execution; await its outcome by id (load_state)"
 
 
+class RuntimeClosedError(LoomError):
+    """The runtime driving an execution was closed; the execution is left resumable."""
+
+    code = "runtime_closed"
+    default_hint = "Recover it from a live runtime (runtime.recover or recover_abandoned)"
+
+
 class DispatchError(LoomError):
     """A dispatcher gave up on a package (every attempt failed); ``__cause__`` is the last."""
 
@@ -335,6 +344,7 @@ _BY_NAME: dict[str, type[LoomError]] = {
         ExecutionFailedError,
         ExecutionCancelledError,
         ExecutionSupersededError,
+        RuntimeClosedError,
         DispatchError,
         CircuitOpenError,
         WireFormatError,

@@ -17,6 +17,7 @@ from rich.console import Console
 import loom
 from loom.cli._render import render_state, render_timeline, timeline_rows
 from loom.errors import ConfigurationError, LoomError
+from loom.model import decode_json
 from loom.runtime import Flow, WorkflowRuntime
 from loom.storage import SQLiteStore
 
@@ -260,10 +261,10 @@ def resume(
 ) -> None:
     """Deliver a gate's decision and run the execution until it suspends again or ends."""
     try:
-        payload = json.loads(data)
-    except json.JSONDecodeError as exc:
+        payload = decode_json(data)
+    except loom.errors.PayloadError as exc:
         err = loom.errors.PayloadError(
-            f"--data is not valid JSON: {exc}",
+            f"--data is not acceptable JSON: {exc.message}",
             execution_id=execution_id,
             hint="Nothing was recorded",
         )

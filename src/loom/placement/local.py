@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from loom.errors import ExecutionNotFoundError, StorageError
+from loom.errors import ExecutionNotFoundError, NotWaitingError, StorageError
 from loom.model import ExecutionStatus
 from loom.placement._spi import Health, WorkerLease
 from loom.placement._wire import ExecutionPackage, ExecutionResult, ResumeEvent
@@ -43,7 +43,13 @@ class LocalWorkerRuntime:
         self._leases: dict[str, WorkerLease] = {}
 
     async def allocate(self, package: ExecutionPackage) -> WorkerLease:
-        fence = await self.runtime.store.acquire_fence(package.execution_id)
+        # A start or redispatch may need to take over from a dead holder, so it is fenced up
+        # front (ADR 0004). A resume or timer wake is not: it continues a waiting execution
+        # through a conditional take-over in execute(), so a duplicate or late one can never
+        # fence out the holder that already moved the execution on (fence 0 = none yet).
+        fence = 0
+        if package.resume_event is None:
+            fence = await self.runtime.store.acquire_fence(package.execution_id)
         lease = WorkerLease(uuid.uuid4().hex, package.execution_id, fence, self.name)
         self._leases[lease.lease_id] = lease
         return lease
@@ -78,14 +84,14 @@ class LocalWorkerRuntime:
                 flow_version=package.flow_version,
                 metadata={"workflow_id": package.workflow_id} if package.workflow_id else None,
             )
-        elif (
-            package.resume_event is not None
-            and package.resume_event.event_type == TIMER_WAKE
-            and state.waiting is not None
-            and state.waiting.position == _timer_position(package)
-        ):
-            _, woken = await rt.fire_timer(eid, state.waiting.position, fence=lease.fence)
+        elif package.resume_event is not None and package.resume_event.event_type == TIMER_WAKE:
+            position = _timer_position(package)
+            woken = None
+            if position is not None:
+                _, woken = await rt.fire_timer(eid, position)
             if woken is None:
+                # Not due, already fired, or the execution moved on: report, take nothing over.
+                state = await rt.load_state(eid) or state
                 return ExecutionResult.from_state(state)
             handle = woken
         elif (
@@ -95,9 +101,16 @@ class LocalWorkerRuntime:
             and state.waiting.event_type == package.resume_event.event_type
         ):
             event = package.resume_event
-            handle = await rt.resume(eid, event.event_type, event.payload, fence=lease.fence)
+            try:
+                handle = await rt.resume(eid, event.event_type, event.payload)
+            except NotWaitingError:
+                # Another decision or holder moved first (a duplicate or late dispatch):
+                # report what the log says now.
+                state = await rt.load_state(eid) or state
+                return ExecutionResult.from_state(state)
         elif state.status in (ExecutionStatus.RUNNING, ExecutionStatus.PENDING):
-            handle = await rt.recover(eid, fence=lease.fence)
+            fence = lease.fence or await rt.store.acquire_fence(eid)
+            handle = await rt.recover(eid, fence=fence)
         else:
             # Suspended or terminal: a lost-response redispatch. Report, re-run nothing.
             return ExecutionResult.from_state(state)

@@ -34,7 +34,9 @@ def dispatching_timer_service(
         state = result.folded
         op = state.ops.get(timer.position)
         if op is not None and op.status == "resolved":
-            return WakeOutcome.FIRED
+            # A sleep ends only by its timer; a gate also by a decision, which is not ours.
+            timed_out = isinstance(op.output, dict) and bool(op.output.get("timed_out"))
+            return WakeOutcome.FIRED if op.kind == "timer" or timed_out else WakeOutcome.STALE
         if (
             state.status is ExecutionStatus.SUSPENDED
             and state.waiting is not None

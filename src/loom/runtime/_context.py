@@ -8,6 +8,8 @@ from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 from typing import Any, ParamSpec, TypeVar
 
+import pydantic
+
 from loom import faults
 from loom.errors import (
     ConfigurationError,
@@ -25,7 +27,14 @@ from loom.storage import Timer
 #: The event type of a durable sleep's wait (what a timer wake resumes).
 TIMER_EVENT = "loom.timer"
 
-__all__ = ["TIMER_EVENT", "SuspendExecution", "UIState", "WorkflowContext", "error_record"]
+__all__ = [
+    "TIMER_EVENT",
+    "SuspendExecution",
+    "UIState",
+    "WorkflowContext",
+    "error_record",
+    "replayed_value",
+]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -49,6 +58,20 @@ def error_record(exc: BaseException) -> dict[str, Any]:
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     record["traceback"] = tb[-4000:]
     return record
+
+
+def replayed_value(codec: Any, recorded: Any, ctx: WorkflowContext, what: str) -> Any:
+    """Load a recorded value through today's schema. A value the code can no longer read is
+    a code change under a running execution: NonDeterminismError (the execution stays
+    resumable once the code is fixed), never a recorded failure."""
+    try:
+        return codec.load(recorded)
+    except pydantic.ValidationError as exc:
+        raise NonDeterminismError(
+            f"{what} recorded for execution {ctx.execution_id!r} no longer matches the "
+            f"code's schema: {exc.error_count()} error(s), first: {exc.errors()[0]['msg']}",
+            execution_id=ctx.execution_id,
+        ) from exc
 
 
 class UIState:
@@ -144,13 +167,17 @@ class WorkflowContext:
         attempt = 1
         if op is not None:
             if op.status == "completed":
-                result: R = step.output.load(op.output)
+                result: R = replayed_value(
+                    step.output, op.output, self, f"the output of step {step.id!r} at {pos}"
+                )
                 return result
             if op.status == "failed":
                 raise self._step_failed(step, pos, op.attempts, op.error or {})
             attempt = op.attempts + 1
         driver = self._driver
         while True:
+            if driver.fenced_out is not None:
+                raise driver.fenced_out  # never run an effect for a holder that lost its fence
             info = StepInfo(self.execution_id, pos, attempt, step.id, driver.fence)
             started_at = driver.clock.now()
             if step.record_start:
@@ -264,7 +291,9 @@ class WorkflowContext:
                     )
                 codec = self._flow.resume_schemas.get(event_type)
                 payload = out.get("payload")
-                return codec.load(payload) if codec is not None else payload
+                if codec is None:
+                    return payload
+                return replayed_value(codec, payload, self, f"the decision of gate {event_type!r}")
             raise SuspendExecution(event_type)
         timeout_at = None
         if timeout is not None:
@@ -287,7 +316,7 @@ class WorkflowContext:
                 )
             ]
         )
-        await self._driver.snapshot()
+        await self._driver.try_snapshot()
         faults.hit("after_suspend_recorded")
         raise SuspendExecution(event_type)
 
@@ -333,7 +362,7 @@ class WorkflowContext:
                 ),
             ]
         )
-        await self._driver.snapshot()
+        await self._driver.try_snapshot()
         faults.hit("after_suspend_recorded")
         raise SuspendExecution("sleep")
 

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, cast
+from typing import Any
 
+from loom.errors import StaleFenceError, StorageError
 from loom.model import Envelope, EventType, ExecutionState, PayloadLimits, apply_event
 from loom.runtime._clock import Clock
 from loom.runtime._observe import NO_OBSERVER, StepObserver
-from loom.storage import CreatesExecutions, Snapshot, Store, Timer
+from loom.storage import Snapshot, Store, Timer
 
 __all__ = ["Driver"]
+
+log = logging.getLogger("loom.runtime")
 
 
 class Driver:
@@ -47,6 +51,11 @@ class Driver:
         #: Set by the runtime: makes a timer durable (before the wait that needs it is logged).
         self.schedule_timer: Callable[[Timer], Awaitable[None]] | None = None
         self.observer: StepObserver = NO_OBSERVER
+        #: The refusal that fenced this holder out: every later write and effect stops on it,
+        #: even if the flow swallows the first one with a broad ``except``.
+        self.fenced_out: StaleFenceError | None = None
+        #: Why the runtime cancelled this driver's task ("cancelled" or "replaced"), if it did.
+        self.stop_reason: str | None = None
 
     def build(self, events: Sequence[tuple[EventType, dict[str, Any]]]) -> list[Envelope]:
         now = self.clock.now()
@@ -62,27 +71,51 @@ class Driver:
     async def append(self, events: Sequence[tuple[EventType, dict[str, Any]]]) -> None:
         """Append ``events`` (after any buffered UI patches) in one atomic batch."""
         async with self.lock:
-            if self.pending_ui:
-                events = [*self.pending_ui, *events]
-                self.pending_ui = []
-            envelopes = self.build(events)
-            await self.store.append(envelopes)
-            for env in envelopes:
-                apply_event(self.state, env)
-            if self.state.last_sequence - self.last_snapshot >= self.snapshot_every:
-                await self.snapshot()
+            if self.fenced_out is not None:
+                raise self.fenced_out
+            pending, self.pending_ui = self.pending_ui, []
+            envelopes = self.build([*pending, *events])
+            try:
+                await self.store.append(envelopes)
+            except StaleFenceError as exc:
+                if exc.execution_id == self.state.execution_id:
+                    self.fenced_out = exc
+                raise
+            except BaseException:
+                self.pending_ui = pending + self.pending_ui  # not written: keep them
+                raise
+            self._applied(envelopes)
+            await self.maybe_snapshot()
 
-    async def create(self, events: Sequence[tuple[EventType, dict[str, Any]]]) -> bool:
-        """Start the execution with ``events`` under fence 1 in one atomic write (the caller
-        checked the store is CreatesExecutions); False means use acquire_fence + append."""
-        store = cast(CreatesExecutions, self.store)  # isinstance on a Protocol is slow here
+    async def take_over(
+        self, events: Sequence[tuple[EventType, dict[str, Any]]], *, from_fence: int
+    ) -> None:
+        """Become the holder: advance the fence from ``from_fence`` and append ``events`` in
+        one atomic write, or change nothing (StaleFenceError / DuplicateSequenceError /
+        ExecutionAlreadyExistsError) when another holder moved first."""
         async with self.lock:
+            self.fence = from_fence + 1
             envelopes = self.build(events)
-            if not await store.create_execution(envelopes):
-                return False
-            for env in envelopes:
-                apply_event(self.state, env)
-            return True
+            await self.store.take_over(envelopes, from_fence=from_fence)
+            self._applied(envelopes)
+
+    def _applied(self, envelopes: list[Envelope]) -> None:
+        for env in envelopes:
+            apply_event(self.state, env)
+
+    async def maybe_snapshot(self) -> None:
+        """Write a snapshot when enough events accumulated since the last one. A failed
+        snapshot costs only speed (loading reads a longer tail), so it is logged, not raised:
+        the events it would summarise are already durable."""
+        if self.state.last_sequence - self.last_snapshot >= self.snapshot_every:
+            await self.try_snapshot()
+
+    async def try_snapshot(self) -> None:
+        """Snapshot now; a failure is logged (see :meth:`maybe_snapshot`)."""
+        try:
+            await self.snapshot()
+        except StorageError as exc:
+            log.warning("snapshot of %s failed: %r", self.state.execution_id, exc)
 
     async def snapshot(self) -> None:
         if self.state.last_sequence <= self.last_snapshot:

@@ -15,7 +15,6 @@ from loom import faults
 from loom.errors import (
     ConfigurationError,
     DuplicateSequenceError,
-    ExecutionAlreadyExistsError,
     ExecutionNotFoundError,
     ExecutionSupersededError,
     FlowNotFoundError,
@@ -24,6 +23,7 @@ from loom.errors import (
     NotWaitingError,
     PayloadError,
     ResumeValidationError,
+    RuntimeClosedError,
     StaleFenceError,
     StorageError,
 )
@@ -38,13 +38,19 @@ from loom.model import (
     new_envelope_id,
 )
 from loom.runtime._clock import Clock, SystemClock
-from loom.runtime._context import TIMER_EVENT, SuspendExecution, WorkflowContext, error_record
+from loom.runtime._context import (
+    TIMER_EVENT,
+    SuspendExecution,
+    WorkflowContext,
+    error_record,
+    replayed_value,
+)
 from loom.runtime._driver import Driver
 from loom.runtime._handle import ExecutionHandle
 from loom.runtime._observe import NO_OBSERVER, StepObserver
 from loom.runtime._sdk import Flow
 from loom.runtime.timers import TimerService, WakeOutcome
-from loom.storage import CreatesExecutions, Store, Timer, TimerStore
+from loom.storage import Store, Timer, TimerStore
 
 __all__ = ["ExecutionHandle", "WorkflowRuntime"]  # ExecutionHandle is re-exported here
 
@@ -95,13 +101,13 @@ class WorkflowRuntime:
         self.limits = limits
         self._flows: dict[str, dict[str, Flow[Any, Any]]] = {}
         self._drivers: dict[str, Driver] = {}
+        self._tasks: set[asyncio.Task[None]] = set()  # every driver, replaced ones too
         self._closed = False
         self._timer_store: TimerStore | None = store if isinstance(store, TimerStore) else None
         self.timers: TimerService | None = None
         if self._timer_store is not None:
             self.timers = TimerService(self._timer_store, self._wake_locally, clock=self.clock)
         self._serve_timers = timers
-        self._creates = isinstance(store, CreatesExecutions)
         self.observer: StepObserver = observer or NO_OBSERVER
 
     # ------------------------------------------------------------------ registry
@@ -230,25 +236,29 @@ class WorkflowRuntime:
             payload["metadata"] = metadata
         started = [(EventType.EXECUTION_STARTED, payload)]
         try:
-            driver: Driver | None = None
-            if fence is None and self._creates:
-                # One atomic write: take fence 1 and record sequence 0 (an existing
-                # execution is refused without being fenced).
-                driver = self._new_driver(ExecutionState(execution_id), 1, last_snapshot=-1)
-                if not await driver.create(started):
-                    driver = None  # a fence was taken by someone who wrote nothing
-            if driver is None:
-                if fence is None:
-                    # Never fence an existing execution just to learn it exists: that would
-                    # evict its live holder. The sequence-0 check still settles true races.
-                    if await self.store.last_sequence(execution_id) >= 0:
-                        raise ExecutionAlreadyExistsError(
-                            f"execution {execution_id!r} already exists",
-                            execution_id=execution_id,
-                        )
-                    fence = await self.store.acquire_fence(execution_id)
-                driver = self._new_driver(ExecutionState(execution_id), fence, last_snapshot=-1)
+            driver = self._new_driver(ExecutionState(execution_id), fence or 0, last_snapshot=-1)
+            if fence is not None:
                 await driver.append(started)
+            else:
+                # One atomic write takes the first fence and records sequence 0. An existing
+                # execution is refused without being fenced, so a duplicate start can never
+                # evict a live holder; a fence taken by someone who wrote nothing is taken
+                # over (that holder's own start then loses cleanly).
+                current = 0
+                for _ in range(_RETRIES):
+                    try:
+                        await driver.take_over(started, from_fence=current)
+                        break
+                    except StaleFenceError as exc:
+                        if exc.execution_id != execution_id:
+                            raise
+                        current = await self.store.current_fence(execution_id)
+                else:
+                    raise StorageError(
+                        f"could not start {execution_id!r}: its fence kept moving",
+                        execution_id=execution_id,
+                        hint="Another process is fencing this id; retry the start",
+                    )
         except PayloadError as exc:
             raise PayloadError(exc.message, execution_id=execution_id) from exc
         faults.hit("after_start_before_drive")
@@ -273,7 +283,7 @@ class WorkflowRuntime:
         """
         self._check_open()
         self._ensure_timers()
-        for _ in range(8):
+        for _ in range(_RETRIES):
             state, snap_seq = await self._require(execution_id)
             gate = self._waiting_gate(state, event_type)
             flow = self.get_flow(state.flow_id, state.flow_version)
@@ -382,22 +392,18 @@ class WorkflowRuntime:
         if state.status not in (ExecutionStatus.RUNNING, ExecutionStatus.PENDING):
             return ExecutionHandle(self, execution_id, None)
         flow = self.get_flow(state.flow_id, state.flow_version)
-        held = fence if fence is not None else await self.store.acquire_fence(execution_id)
-        driver = self._new_driver(state, held, last_snapshot=snap_seq)
-        try:
-            await driver.append(
-                [
-                    (
-                        EventType.EXECUTION_RECOVERED,
-                        {"from_sequence": state.last_sequence, "snapshot_sequence": snap_seq},
-                    )
-                ]
+        recovered = (
+            EventType.EXECUTION_RECOVERED,
+            {"from_sequence": state.last_sequence, "snapshot_sequence": snap_seq},
+        )
+        handle = await self._continue_with(state, snap_seq, fence, recovered, flow)
+        if handle is None:
+            raise ExecutionSupersededError(
+                f"execution {execution_id!r} moved while it was being recovered: another "
+                "holder is driving it",
+                execution_id=execution_id,
             )
-        except StaleFenceError as exc:
-            if exc.execution_id != execution_id:
-                raise
-            raise _superseded(execution_id, exc) from exc
-        return self._launch(driver, flow)
+        return handle
 
     async def cancel(self, execution_id: str, reason: str | None = None) -> ExecutionState:
         """Cancel an execution: fence out its holder, append ``EXECUTION_CANCELLED``.
@@ -406,7 +412,7 @@ class WorkflowRuntime:
         execution is returned unchanged.
         """
         self._check_open()
-        for _ in range(8):
+        for _ in range(_RETRIES):
             state, snap_seq = await self._require(execution_id)
             if state.is_terminal:
                 return state
@@ -426,6 +432,7 @@ class WorkflowRuntime:
                 await self._timer_store.cancel_timers(execution_id)
             live = self._drivers.get(execution_id)
             if live is not None and live.task is not None and not live.done.is_set():
+                live.stop_reason = "cancelled"  # its handle reports the cancellation
                 live.task.cancel()
             return driver.state
         raise StorageError(
@@ -442,21 +449,31 @@ class WorkflowRuntime:
         event: tuple[EventType, dict[str, Any]],
         flow: Flow[Any, Any],
     ) -> ExecutionHandle[Any] | None:
-        """Append ``event`` to a waiting execution under ``fence`` (or a new one) and drive
-        the flow on. None means another writer moved first: the caller re-reads and decides
-        again. With a caller's fence, losing it is a superseded refusal."""
+        """Append ``event`` and drive the flow on from ``state``.
+
+        With a caller's ``fence`` (a worker's lease) the event is appended under it, and
+        losing it is a superseded refusal. Without one, the runtime takes over
+        conditionally: the fence advances only if nobody moved since ``state`` was read, so
+        a racer that loses never fences out the holder that won. None means another writer
+        moved first: the caller re-reads and decides again.
+        """
         eid = state.execution_id
-        held = fence if fence is not None else await self.store.acquire_fence(eid)
-        driver = self._new_driver(state, held, last_snapshot=snap_seq)
-        try:
-            await driver.append([event])
-        except StaleFenceError as exc:
-            if exc.execution_id != eid:
-                raise  # another execution's refusal: a genuine failure for this one
-            if fence is not None:
+        if fence is not None:
+            driver = self._new_driver(state, fence, last_snapshot=snap_seq)
+            try:
+                await driver.append([event])
+            except StaleFenceError as exc:
+                if exc.execution_id != eid:
+                    raise  # another execution's refusal: a genuine failure for this one
                 raise _superseded(eid, exc) from exc
-            return None
-        except DuplicateSequenceError:
+            return self._launch(driver, flow)
+        current = await self.store.current_fence(eid)
+        driver = self._new_driver(state, current + 1, last_snapshot=snap_seq)
+        try:
+            await driver.take_over([event], from_fence=current)
+        except (StaleFenceError, DuplicateSequenceError) as exc:
+            if exc.execution_id != eid:
+                raise
             return None
         return self._launch(driver, flow)
 
@@ -497,17 +514,22 @@ class WorkflowRuntime:
         """End the timed wait at ``position`` if it is due and still open (a fenced wake).
 
         A sleep resumes; a gate whose timeout passed resumes with :class:`GateTimedOutError`
-        raised in the flow. Never early (the runtime's clock decides) and never twice (the log
-        decides): a wait already ended, or an execution that moved on, is ``STALE``.
+        raised in the flow. Never early (the runtime's clock decides) and never twice (the
+        log decides). ``STALE``: the wait already ended or the execution did. ``EARLY``: not
+        due yet, or the wait is not logged yet (its timer is stored just before it), so the
+        timer must be tried again later.
         """
         self._check_open()
-        for _ in range(4):
+        for _ in range(_RETRIES):
             state, snap_seq = await self._load(execution_id)
-            gate = state.waiting if state is not None else None
-            if state is None or gate is None or gate.position != position:
+            if state is None or state.is_terminal:
                 return WakeOutcome.STALE, None
-            if gate.timeout_at is None:
+            op = state.ops.get(position)
+            if op is not None and op.status == "resolved":
                 return WakeOutcome.STALE, None
+            gate = state.waiting
+            if gate is None or gate.position != position or gate.timeout_at is None:
+                return WakeOutcome.EARLY, None  # the wait is not in the log (yet)
             if self.clock.now() < gate.timeout_at:
                 return WakeOutcome.EARLY, None
             flow = self.get_flow(state.flow_id, state.flow_version)
@@ -518,7 +540,7 @@ class WorkflowRuntime:
             handle = await self._continue_with(state, snap_seq, fence, fired, flow)
             if handle is not None:
                 return WakeOutcome.FIRED, handle
-        return WakeOutcome.STALE, None
+        return WakeOutcome.EARLY, None
 
     async def serve_timers(self) -> None:
         """Fire this store's timers until cancelled (for a process that only does that)."""
@@ -528,43 +550,36 @@ class WorkflowRuntime:
 
     def _launch(self, driver: Driver, flow: Flow[Any, OutputT]) -> ExecutionHandle[OutputT]:
         eid = driver.state.execution_id
+        replaced = self._drivers.get(eid)
+        if replaced is not None and replaced.task is not None and not replaced.done.is_set():
+            # The new holder fenced it out already; stop its in-flight effect too.
+            replaced.stop_reason = "replaced"
+            replaced.task.cancel()
         self._drivers[eid] = driver
         driver.task = asyncio.create_task(self._drive(driver, flow), name=f"loom:{eid}")
+        self._tasks.add(driver.task)
+        driver.task.add_done_callback(self._tasks.discard)
         return ExecutionHandle(self, eid, driver)
 
     async def _drive(self, driver: Driver, flow: Flow[Any, Any]) -> None:
         eid = driver.state.execution_id
-        ctx = WorkflowContext(driver, flow)
         try:
-            try:
-                if flow.takes_input:
-                    out = await flow.fn(ctx, flow.input.load(driver.state.input))
-                else:
-                    out = await flow.fn(ctx)
-                ctx._check_fully_replayed()
-                output = flow.output.dump(out, f"output of flow {flow.id!r}")
-            except SuspendExecution:
-                return
-            except (NonDeterminismError, StorageError):
-                raise
-            except Exception as exc:
-                await driver.append([(EventType.EXECUTION_FAILED, {"error": error_record(exc)})])
-            else:
-                await driver.append([(EventType.EXECUTION_COMPLETED, {"output": output})])
+            outcome = await self._run_flow(driver, flow)
+            if outcome is not None:
+                await driver.append([outcome])
         except StaleFenceError as exc:
-            if exc.execution_id != eid:
-                # A store that rejects a whole coalesced batch named another execution: for
-                # this one it is a genuine storage failure (retryable), not a supersession.
-                driver.error = exc
-            else:
-                # Fenced out. If a cancel did it, the handle reports the cancellation;
-                # otherwise another holder owns the execution: a superseded refusal (ADR
-                # 0004), even if that holder has finished it meanwhile.
-                latest = await self.load_state(eid)
-                if latest is None or latest.status is not ExecutionStatus.CANCELLED:
-                    driver.error = _superseded(eid, exc)
-        except asyncio.CancelledError as exc:
-            driver.error = exc
+            driver.error = await self._fenced_out_error(eid, exc)
+        except asyncio.CancelledError:
+            # Never hand a CancelledError to the tasks awaiting the handle: say why instead.
+            if driver.stop_reason == "replaced":
+                driver.error = ExecutionSupersededError(
+                    f"execution {eid!r} was taken over by a newer holder in this process",
+                    execution_id=eid,
+                )
+            elif driver.stop_reason != "cancelled":
+                driver.error = RuntimeClosedError(
+                    f"the runtime stopped driving {eid!r} (closed)", execution_id=eid
+                )
             raise
         except BaseException as exc:
             driver.error = exc
@@ -576,7 +591,45 @@ class WorkflowRuntime:
             if self._drivers.get(eid) is driver:
                 del self._drivers[eid]
 
-    # ------------------------------------------------------------------ lifecycle
+    async def _run_flow(
+        self, driver: Driver, flow: Flow[Any, Any]
+    ) -> tuple[EventType, dict[str, Any]] | None:
+        """Run (or replay) the flow; return its terminal event, or None when it suspended.
+
+        Errors that mean the execution must stay resumable (non-determinism, storage,
+        fencing) propagate; anything else the flow raises is its failure, recorded.
+        """
+        ctx = WorkflowContext(driver, flow)
+        try:
+            if flow.takes_input:
+                inp = replayed_value(flow.input, driver.state.input, ctx, "the flow's input")
+                out = await flow.fn(ctx, inp)
+            else:
+                out = await flow.fn(ctx)
+            ctx._check_fully_replayed()
+            output = flow.output.dump(out, f"output of flow {flow.id!r}")
+        except SuspendExecution:
+            return None
+        except (NonDeterminismError, StorageError):
+            raise
+        except Exception as exc:
+            if driver.fenced_out is not None:
+                raise driver.fenced_out from exc  # the flow swallowed its own fencing
+            return EventType.EXECUTION_FAILED, {"error": error_record(exc)}
+        return EventType.EXECUTION_COMPLETED, {"output": output}
+
+    async def _fenced_out_error(self, eid: str, exc: StaleFenceError) -> BaseException | None:
+        if exc.execution_id != eid:
+            # A store that rejects a whole coalesced batch named another execution: for this
+            # one it is a genuine storage failure (retryable), not a supersession.
+            return exc
+        # If a cancel fenced it out, the handle reports the cancellation; otherwise another
+        # holder owns the execution: a superseded refusal (ADR 0004), even if that holder has
+        # finished it meanwhile.
+        latest = await self.load_state(eid)
+        if latest is not None and latest.status is ExecutionStatus.CANCELLED:
+            return None
+        return _superseded(eid, exc)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -589,7 +642,7 @@ class WorkflowRuntime:
         self._closed = True
         if self.timers is not None:
             await self.timers.stop()
-        tasks = [d.task for d in self._drivers.values() if d.task is not None]
+        tasks = list(self._tasks)
         for task in tasks:
             task.cancel()
         if tasks:
@@ -609,6 +662,9 @@ class WorkflowRuntime:
 
 
 _MAX_ID = 256
+#: How often a conditional write is retried after losing to a concurrent writer before the
+#: caller is told the execution keeps changing (each retry re-reads the log first).
+_RETRIES = 8
 
 
 def _check_id(execution_id: str) -> None:

@@ -8,6 +8,7 @@ import logging
 import os
 import uuid
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 
 from loom.runtime._clock import Clock, SystemClock
 from loom.storage import Timer, TimerStore
@@ -20,7 +21,7 @@ log = logging.getLogger("loom.timers")
 class WakeOutcome(enum.Enum):
     FIRED = "fired"  # the wait ended: TIMER_FIRED is in the log
     STALE = "stale"  # nothing waits at that position any more (fired, resumed, cancelled)
-    EARLY = "early"  # the waker's clock says the timer is not due yet: try again later
+    EARLY = "early"  # not due by the waker's clock, or its wait is not logged yet: retry later
 
 
 Wake = Callable[[Timer], Awaitable[WakeOutcome]]
@@ -46,6 +47,7 @@ class TimerService:
         batch: int = 256,
         poll_interval: float = 1.0,
         concurrency: int = 64,
+        early_retry: float = 0.5,
     ) -> None:
         self.store = store
         self.wake = wake
@@ -54,6 +56,7 @@ class TimerService:
         self.lease = lease
         self.batch = batch
         self.poll_interval = poll_interval
+        self.early_retry = early_retry
         self._limit = asyncio.Semaphore(concurrency)
         self._kick = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -72,6 +75,11 @@ class TimerService:
                 )
                 return
             if outcome is WakeOutcome.EARLY:
+                # Not due by the waker's clock, or the wait is not logged yet (its timer is
+                # stored first): hand the timer back for a later try instead of deleting it
+                # or sitting on the claim for a whole lease.
+                retry_at = max(timer.fire_at, self.clock.now() + self.early_retry)
+                await self.store.schedule_timer(replace(timer, fire_at=retry_at))
                 return
             if outcome is WakeOutcome.FIRED:
                 self.fired.append(timer)

@@ -3,7 +3,6 @@
 from typing import TYPE_CHECKING
 
 from loom.storage._spi import (
-    CreatesExecutions,
     EventStore,
     Snapshot,
     SnapshotStore,
@@ -19,7 +18,6 @@ if TYPE_CHECKING:
     from loom.storage.postgres import PostgresStore
 
 __all__ = [
-    "CreatesExecutions",
     "EventStore",
     "InMemoryStore",
     "PostgresStore",

@@ -24,11 +24,12 @@ __all__ = [
     "Waiters",
     "already_exists",
     "batch_head",
-    "check_first_fence",
+    "check_take_over",
     "decode_envelope",
     "decode_snapshot",
     "refusal_for",
     "snapshot_checksum",
+    "take_over_refusal",
 ]
 
 
@@ -59,12 +60,37 @@ def batch_head(envelopes: Sequence[Envelope]) -> tuple[str, int, int]:
     return first.execution_id, first.sequence, first.fence
 
 
-def check_first_fence(envelopes: Sequence[Envelope]) -> tuple[str, int]:
-    """Validate a create_execution batch; return (execution_id, count)."""
+def check_take_over(envelopes: Sequence[Envelope], from_fence: int) -> tuple[str, int]:
+    """Validate a take_over batch; return (execution_id, first_sequence)."""
     execution_id, first, fence = batch_head(envelopes)
-    if first != 0 or fence != 1:
-        raise ValueError("create_execution() takes sequences from 0 carrying fence 1")
-    return execution_id, len(envelopes)
+    if from_fence < 0 or fence != from_fence + 1:
+        raise ValueError("take_over() envelopes must carry fence from_fence + 1")
+    return execution_id, first
+
+
+def take_over_refusal(
+    execution_id: str, first: int, from_fence: int, current_fence: int, next_sequence: int
+) -> LoomError | None:
+    """The refusal (if any) for taking over from ``from_fence`` at ``first``."""
+    if first == 0 and next_sequence > 0:
+        return already_exists(execution_id)
+    if current_fence != from_fence:
+        return StaleFenceError(
+            f"execution {execution_id!r} was taken over meanwhile: its fence is "
+            f"{current_fence}, not {from_fence}",
+            execution_id=execution_id,
+            fence=from_fence,
+            current_fence=current_fence,
+        )
+    if first != next_sequence:
+        return DuplicateSequenceError(
+            f"execution {execution_id!r} moved on meanwhile: take-over at sequence {first}, "
+            f"but the next sequence is {next_sequence}",
+            execution_id=execution_id,
+            expected=next_sequence,
+            got=first,
+        )
+    return None
 
 
 def already_exists(execution_id: str) -> ExecutionAlreadyExistsError:

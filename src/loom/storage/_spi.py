@@ -9,7 +9,6 @@ from typing import Any, Protocol, runtime_checkable
 from loom.model import Envelope
 
 __all__ = [
-    "CreatesExecutions",
     "EventStore",
     "Snapshot",
     "SnapshotStore",
@@ -54,6 +53,23 @@ class EventStore(Protocol):
             ``details["outcome"]`` is ``"unknown"`` (a network store lost the answer to its
             COMMIT and could not find out) or ``"committed"`` (the write is durable but the
             acknowledgement failed): then re-read the execution before acting again.
+        """
+        ...
+
+    async def take_over(self, envelopes: Sequence[Envelope], *, from_fence: int) -> None:
+        """Atomically advance the execution's fence from ``from_fence`` to ``from_fence + 1``
+        and append ``envelopes`` (which carry fence ``from_fence + 1``), only if the current
+        fence is still ``from_fence`` and the batch starts at the next sequence.
+
+        This is how a holder takes over a waiting or orphaned execution without ever fencing
+        out a live holder that moved first: when it loses, nothing changes (the fence is not
+        advanced). ``from_fence=0`` on an execution nobody touched creates it (fence 1).
+
+        Raises, with nothing changed:
+          * ``ExecutionAlreadyExistsError`` - the batch starts at 0 and sequence 0 exists;
+          * ``StaleFenceError`` - the current fence is no longer ``from_fence``;
+          * ``DuplicateSequenceError`` - the first sequence is not the next one;
+          * ``DuplicateEnvelopeIdError`` and ``StorageWriteError`` as :meth:`append` does.
         """
         ...
 
@@ -105,21 +121,6 @@ class SnapshotStore(Protocol):
 
     async def load_snapshot(self, execution_id: str) -> Snapshot | None:
         """The newest snapshot, or None. Raises ``CorruptEventError`` if it fails its checksum."""
-        ...
-
-
-@runtime_checkable
-class CreatesExecutions(Protocol):
-    """Optional: take an execution's first fence and write its first events in one atomic
-    write (one commit instead of two for every start)."""
-
-    async def create_execution(self, envelopes: Sequence[Envelope]) -> bool:
-        """If nothing was ever recorded for the execution (no fence taken, no event), take
-        fence 1 and append ``envelopes`` (sequence 0 onwards, carrying fence 1) atomically and
-        return True. Return False, writing nothing, when a fence was taken but no event
-        written (fall back to ``acquire_fence`` + ``append``). Raise
-        ``ExecutionAlreadyExistsError`` when sequence 0 exists, ``DuplicateEnvelopeIdError``
-        as ``append`` does."""
         ...
 
 

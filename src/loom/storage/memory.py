@@ -12,10 +12,10 @@ from loom.model import Envelope, decode_json, encode_json
 from loom.storage._common import (
     SNAPSHOT_LIMITS,
     Waiters,
-    already_exists,
     batch_head,
-    check_first_fence,
+    check_take_over,
     refusal_for,
+    take_over_refusal,
 )
 from loom.storage._spi import Snapshot, Timer
 
@@ -53,41 +53,42 @@ class InMemoryStore:
             refusal = refusal_for(execution_id, first, fence, head.fence, len(head.events))
             if refusal is not None:
                 raise refusal
-            ids = [e.envelope_id for e in envelopes]
-            taken = [i for i in ids if i in self._envelope_ids]
-            if taken or len(set(ids)) != len(ids):
-                dup = taken[0] if taken else ids[0]
-                raise DuplicateEnvelopeIdError(
-                    f"envelope id {dup!r} is already stored", execution_id=execution_id
-                )
+            self._check_ids(execution_id, envelopes)
             faults.hit("before_commit")
             self._heads[execution_id] = head
             head.events.extend(envelopes)
-            self._envelope_ids.update(ids)
+            self._envelope_ids.update(e.envelope_id for e in envelopes)
         faults.hit("after_append_before_ack")
         self._waiters.notify([execution_id])
 
-    async def create_execution(self, envelopes: Sequence[Envelope]) -> bool:
-        execution_id, _ = check_first_fence(envelopes)
+    async def take_over(self, envelopes: Sequence[Envelope], *, from_fence: int) -> None:
+        execution_id, first = check_take_over(envelopes, from_fence)
         self._check_open()
         faults.hit("before_append")
         with self._lock:
-            head = self._heads.get(execution_id)
-            if head is not None:
-                if head.events:
-                    raise already_exists(execution_id)
-                return False
-            ids = [e.envelope_id for e in envelopes]
-            if any(i in self._envelope_ids for i in ids) or len(set(ids)) != len(ids):
-                raise DuplicateEnvelopeIdError(
-                    "an envelope id of this batch is already stored", execution_id=execution_id
-                )
+            head = self._heads.get(execution_id) or _Head()
+            refusal = take_over_refusal(
+                execution_id, first, from_fence, head.fence, len(head.events)
+            )
+            if refusal is not None:
+                raise refusal
+            self._check_ids(execution_id, envelopes)
             faults.hit("before_commit")
-            self._heads[execution_id] = _Head(1, list(envelopes))
-            self._envelope_ids.update(ids)
+            head.fence = from_fence + 1
+            head.events.extend(envelopes)
+            self._heads[execution_id] = head
+            self._envelope_ids.update(e.envelope_id for e in envelopes)
         faults.hit("after_append_before_ack")
         self._waiters.notify([execution_id])
-        return True
+
+    def _check_ids(self, execution_id: str, envelopes: Sequence[Envelope]) -> None:
+        ids = [e.envelope_id for e in envelopes]
+        taken = [i for i in ids if i in self._envelope_ids]
+        if taken or len(set(ids)) != len(ids):
+            dup = taken[0] if taken else ids[0]
+            raise DuplicateEnvelopeIdError(
+                f"envelope id {dup!r} is already stored", execution_id=execution_id
+            )
 
     async def read(self, execution_id: str, *, from_sequence: int = 0) -> list[Envelope]:
         with self._lock:

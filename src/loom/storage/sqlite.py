@@ -33,19 +33,20 @@ from loom.errors import (
     DuplicateEnvelopeIdError,
     LoomError,
     SchemaVersionError,
+    StorageError,
     StorageWriteError,
 )
 from loom.model import DEFAULT_LIMITS, Envelope, PayloadLimits, encode_json
 from loom.storage._common import (
     SNAPSHOT_LIMITS,
     Waiters,
-    already_exists,
     batch_head,
-    check_first_fence,
+    check_take_over,
     decode_envelope,
     decode_snapshot,
     refusal_for,
     snapshot_checksum,
+    take_over_refusal,
 )
 from loom.storage._spi import Snapshot, Timer
 
@@ -225,12 +226,12 @@ class SQLiteStore:
             raise
 
     def _reader(self) -> sqlite3.Connection:
+        if self._closed:
+            raise StorageError(f"the SQLite store {self.path} is closed")
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
         pid = os.getpid()
         if conn is None or getattr(self._local, "pid", None) != pid:
             # Connections never cross a fork: a child opens its own.
-            if self._closed:
-                raise StorageWriteError(f"the SQLite store {self.path} is closed")
             conn = self._connect()
             conn.execute("PRAGMA query_only = ON")
             self._local.conn = conn
@@ -417,37 +418,50 @@ class SQLiteStore:
 
         await self._submit(apply, execution_id)
 
-    async def create_execution(self, envelopes: Sequence[Envelope]) -> bool:
-        execution_id, count = check_first_fence(envelopes)
+    async def take_over(self, envelopes: Sequence[Envelope], *, from_fence: int) -> None:
+        execution_id, first = check_take_over(envelopes, from_fence)
         rows = [_event_row(e) for e in envelopes]
+        count = len(rows)
 
-        def apply(conn: sqlite3.Connection) -> bool:
-            created = conn.execute(
-                "INSERT INTO loom_heads (execution_id, fence, next_sequence) VALUES (?, 1, ?) "
-                "ON CONFLICT (execution_id) DO NOTHING",
-                (execution_id, count),
-            ).rowcount
-            if created != 1:
-                head = conn.execute(
-                    "SELECT next_sequence FROM loom_heads WHERE execution_id = ?",
-                    (execution_id,),
-                ).fetchone()
-                if head is not None and head[0] > 0:
-                    raise already_exists(execution_id)
-                return False
+        def apply(conn: sqlite3.Connection) -> None:
+            head = conn.execute(
+                "SELECT fence, next_sequence FROM loom_heads WHERE execution_id = ?",
+                (execution_id,),
+            ).fetchone()
+            current_fence, next_sequence = head if head is not None else (0, 0)
+            refusal = take_over_refusal(
+                execution_id, first, from_fence, current_fence, next_sequence
+            )
+            if refusal is not None:
+                raise refusal
+            conn.execute(
+                "INSERT INTO loom_heads (execution_id, fence, next_sequence) VALUES (?, ?, ?) "
+                "ON CONFLICT (execution_id) DO UPDATE SET fence = excluded.fence, "
+                "next_sequence = excluded.next_sequence",
+                (execution_id, from_fence + 1, first + count),
+            )
             try:
                 conn.executemany(_INSERT_EVENT, rows)
             except sqlite3.IntegrityError as exc:
-                conn.execute("DELETE FROM loom_events WHERE execution_id = ?", (execution_id,))
-                conn.execute("DELETE FROM loom_heads WHERE execution_id = ?", (execution_id,))
+                # Undo exactly what this request did, inside the still-open transaction.
+                conn.execute(
+                    "DELETE FROM loom_events WHERE execution_id = ? AND sequence >= ? "
+                    "AND sequence < ?",
+                    (execution_id, first, first + count),
+                )
+                if head is None:
+                    conn.execute("DELETE FROM loom_heads WHERE execution_id = ?", (execution_id,))
+                else:
+                    conn.execute(
+                        "UPDATE loom_heads SET fence = ?, next_sequence = ? WHERE execution_id = ?",
+                        (current_fence, next_sequence, execution_id),
+                    )
                 raise DuplicateEnvelopeIdError(
                     f"an envelope id of this batch is already stored ({exc})",
                     execution_id=execution_id,
                 ) from exc
-            return True
 
-        created: bool = await self._submit(apply, execution_id)
-        return created
+        await self._submit(apply, execution_id)
 
     async def read(self, execution_id: str, *, from_sequence: int = 0) -> list[Envelope]:
         rows = (

@@ -173,6 +173,15 @@ class TenantScopedEventStore:
         self._check_open()
         await self._call(self.store.append([self._scope_envelope(e) for e in envelopes]))
 
+    async def take_over(self, envelopes: Sequence[Envelope], *, from_fence: int) -> None:
+        """Conditionally take over the tenant's execution; refusals name the unscoped id."""
+        self._check_open()
+        await self._call(
+            self.store.take_over(
+                [self._scope_envelope(e) for e in envelopes], from_fence=from_fence
+            )
+        )
+
     async def read(self, execution_id: str, *, from_sequence: int = 0) -> list[Envelope]:
         """The tenant's envelopes of ``execution_id`` with its own (unscoped) ids."""
         envelopes = await self._call(

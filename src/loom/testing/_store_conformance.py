@@ -25,7 +25,7 @@ from loom.errors import (
     StorageWriteError,
 )
 from loom.model import Envelope, EventType
-from loom.storage import CreatesExecutions, Snapshot, Store
+from loom.storage import Snapshot, Store
 
 __all__ = ["STORE_CHECKS", "StoreFactory", "run_event_store_conformance", "run_store_check"]
 
@@ -270,23 +270,53 @@ async def check_refusal_names_its_own_execution(store: Store, reopen: Reopen | N
 
 
 @_check
-async def check_create_execution(store: Store, reopen: Reopen | None) -> None:
-    """Optional capability (CreatesExecutions): skipped for stores without it."""
-    if not isinstance(store, CreatesExecutions):
-        return
-    assert await store.create_execution([env("new", 0, 1), env("new", 1, 1)]) is True
-    assert [e.sequence for e in await store.read("new")] == [0, 1]
-    assert await store.current_fence("new") == 1
-    await _expect(ExecutionAlreadyExistsError, store.create_execution([env("new", 0, 1)]))
-    assert await store.acquire_fence("new") == 2  # fences go on from the created one
-    await store.acquire_fence("fenced")  # a holder took a fence and wrote nothing
-    assert await store.create_execution([env("fenced", 0, 1)]) is False
-    assert await store.read("fenced") == []
-    taken = (await store.read("new"))[0].envelope_id
+async def check_take_over_is_conditional(store: Store, reopen: Reopen | None) -> None:
+    # from_fence=0 on an untouched execution creates it with fence 1, in one write.
+    await store.take_over([env("t", 0, 1), env("t", 1, 1)], from_fence=0)
+    assert [e.sequence for e in await store.read("t")] == [0, 1]
+    assert await store.current_fence("t") == 1
+    await _expect(ExecutionAlreadyExistsError, store.take_over([env("t", 0, 2)], from_fence=1))
+    # Taking over a waiting execution advances the fence by exactly one...
+    await store.take_over([env("t", 2, 2)], from_fence=1)
+    assert await store.current_fence("t") == 2
+    await _expect(StaleFenceError, store.append([env("t", 3, 1)]))  # ...fencing out fence 1
+    # ...and a racer that lost changes nothing: not the fence, not the log.
+    await _expect(StaleFenceError, store.take_over([env("t", 3, 2)], from_fence=1))
+    await store.append([env("t", 3, 2)])
+    await _expect(DuplicateSequenceError, store.take_over([env("t", 3, 3)], from_fence=2))
+    assert await store.current_fence("t") == 2 and await store.last_sequence("t") == 3
+    # A fence taken by a holder that wrote nothing is taken over from that fence.
+    silent = await store.acquire_fence("s")
+    await _expect(StaleFenceError, store.take_over([env("s", 0, 1)], from_fence=0))
+    await store.take_over([env("s", 0, silent + 1)], from_fence=silent)
+    # The silent holder's own start then loses cleanly.
+    await _expect(ExecutionAlreadyExistsError, store.append([env("s", 0, silent)]))
+    # A duplicate envelope id changes nothing either.
+    taken = (await store.read("t"))[0].envelope_id
     await _expect(
-        DuplicateEnvelopeIdError, store.create_execution([env("dup", 0, 1, envelope_id=taken)])
+        DuplicateEnvelopeIdError,
+        store.take_over([env("d", 0, 1, envelope_id=taken)], from_fence=0),
     )
-    assert await store.read("dup") == [] and await store.current_fence("dup") == 0
+    assert await store.read("d") == [] and await store.current_fence("d") == 0
+
+
+@_check
+async def check_take_over_races(store: Store, reopen: Reopen | None) -> None:
+    """Eight holders race to take over one waiting execution: exactly one wins, and the fence
+    advances exactly once."""
+    fence = await _start(store, "race-over", 1)
+
+    async def attempt() -> bool:
+        try:
+            await store.take_over([env("race-over", 1, fence + 1)], from_fence=fence)
+            return True
+        except (StaleFenceError, DuplicateSequenceError):
+            return False
+
+    wins = await asyncio.gather(*(attempt() for _ in range(8)))
+    assert wins.count(True) == 1, wins
+    assert await store.current_fence("race-over") == fence + 1
+    assert await store.last_sequence("race-over") == 1
 
 
 @_check
