@@ -1,0 +1,450 @@
+"""PostgresStore's write path: group commit in pipeline mode.
+
+* Writes (append, take-over, fence, snapshot, timer) queued by concurrent tasks are coalesced
+  into one transaction, sent in pipeline mode (one round trip for the whole batch). An event
+  write does nothing at all when it is refused (its INSERT selects from the head write's
+  returned row), so a refusal never needs a rollback; only when a statement *raises* (a
+  duplicate envelope id, a deadlock) is the batch rolled back and replayed one SAVEPOINT per
+  request, so one caller's refusal never fails another. A failed COMMIT or a lost connection
+  fails every caller in the batch with one ``StorageWriteError`` (cause attached); nothing
+  partial commits.
+* A lone write is one statement in autocommit: one round trip, the same as a bare
+  ``INSERT`` + ``COMMIT``; coalescing costs a lone writer nothing.
+* A connection lost *while committing* leaves the outcome unknown. The store then asks the
+  database (from a fresh connection, after waiting out the dead transaction's row lock) whether
+  the batch landed, and answers every caller accordingly, so "acknowledged" means durable and
+  "StorageWriteError" means not written (or, if even that check fails, says the outcome is
+  unknown). Pooled connections are re-checked after a failure, so the store recovers from a
+  server restart without a process restart. Writes are never retried blindly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import psycopg
+import psycopg.errors
+from psycopg_pool import AsyncConnectionPool
+
+from loom import faults
+from loom.errors import DuplicateEnvelopeIdError, LoomError, StorageWriteError
+from loom.storage._common import Waiters, refusal_for, take_over_refusal
+from loom.storage._postgres_sql import Conn
+
+__all__ = ["GroupCommit", "WriteKind", "WriteRequest"]
+
+WriteKind = Literal["append", "take_over", "fence", "snapshot", "timer"]
+
+#: The kinds that write events (and so move the head, notify waiters and prove a batch landed).
+_EVENT_WRITES = ("append", "take_over")
+
+
+@dataclass(eq=False)
+class WriteRequest:
+    """One caller's write, answered on the caller's future."""
+
+    kind: WriteKind
+    execution_id: str
+    sql: str
+    params: Any
+    future: asyncio.Future[Any]
+    first: int = 0
+    #: The envelopes' fence for an append; the fence taken over *from* for a take-over.
+    fence: int = 0
+    count: int = 0
+    #: (envelope_id, sequence, checksum) of the first envelope: proves an append landed.
+    probe: tuple[str, int, str] | None = None
+    result: Any = None
+    error: BaseException | None = None
+
+
+def _answer(req: WriteRequest) -> None:
+    if req.future.done():  # the caller gave up (cancelled); nothing to tell it
+        return
+    if req.error is not None:
+        req.future.set_exception(req.error)
+    else:
+        req.future.set_result(req.result)
+
+
+def _lost(conn: Conn) -> bool:
+    return conn.closed or conn.broken
+
+
+def _refusal(req: WriteRequest, current_fence: int, next_sequence: int) -> LoomError | None:
+    """The refusal (if any) of an event write onto the head (``current_fence``,
+    ``next_sequence``)."""
+    if req.kind == "take_over":
+        return take_over_refusal(
+            req.execution_id, req.first, req.fence, current_fence, next_sequence
+        )
+    return refusal_for(req.execution_id, req.first, req.fence, current_fence, next_sequence)
+
+
+class GroupCommit:
+    """The write half of :class:`~loom.storage.postgres.PostgresStore` (its base class).
+
+    :meth:`_submit` commits one :class:`WriteRequest`, coalesced with every write queued
+    meanwhile, and answers it with the request's result or error. The store provides the pool,
+    the statements and its settings (declared below).
+    """
+
+    dsn: str
+    schema: str
+    group_commit: bool
+    max_batch: int
+    max_inflight_batches: int
+    resolve_timeout: float
+    _sql: dict[str, str]
+    _pool: AsyncConnectionPool[Conn] | None
+    _closed: bool
+    _pending: list[WriteRequest]
+    _collecting: bool
+    _inflight: int
+    _tasks: set[asyncio.Task[Any]]
+    _check_task: asyncio.Task[None] | None
+    _waiters: Waiters
+
+    async def _ensure_open(self) -> AsyncConnectionPool[Conn]:
+        raise NotImplementedError
+
+    def _where(self) -> str:
+        raise NotImplementedError
+
+    async def _submit(self, req: WriteRequest) -> Any:
+        """Commit one write, coalesced with every write queued meanwhile.
+
+        The first writer to find no batch collecting leads: it yields once so that every task
+        that is ready now can queue behind it (as ``SQLiteStore`` does), then takes the queue. A
+        lone write commits right there, in the caller's task (no hop). A shared batch runs in a
+        task of its own, so that a cancelled caller never strands the others; when it finishes it
+        takes whatever queued meanwhile. At most ``max_inflight_batches`` batches run at once.
+        """
+        await self._ensure_open()
+        self._pending.append(req)
+        if self._collecting or self._inflight >= self.max_inflight_batches:
+            return await req.future  # a batch that is collecting, or the next free one, takes it
+        self._collecting = True
+        self._inflight += 1
+        if self.group_commit:
+            try:
+                await asyncio.sleep(0)
+            except BaseException:  # cancelled while collecting: hand the others to a batch task
+                self._collecting = False
+                self._inflight -= 1
+                if req in self._pending:
+                    self._pending.remove(req)
+                self._maybe_start_batch_task()
+                raise
+        batch = self._take_batch()
+        if batch != [req]:
+            self._spawn(self._flush(batch))
+            return await req.future
+        try:
+            await self._run_batch(batch)
+        except BaseException:
+            if req.future.done() and not req.future.cancelled():
+                req.future.exception()  # retrieved: the caller gets the interruption instead
+            raise
+        finally:
+            self._inflight -= 1
+            self._maybe_start_batch_task()
+        return req.future.result()
+
+    def _take_batch(self) -> list[WriteRequest]:
+        batch = self._pending[: self.max_batch]
+        del self._pending[: self.max_batch]
+        self._collecting = False
+        self._maybe_start_batch_task()  # what is left beyond max_batch
+        return batch
+
+    def _maybe_start_batch_task(self) -> None:
+        if self._pending and not self._collecting and self._inflight < self.max_inflight_batches:
+            self._collecting = True
+            self._inflight += 1
+            self._spawn(self._flush(None))
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _flush(self, batch: list[WriteRequest] | None) -> None:
+        """Run ``batch`` (or take one: this task was started while writers queued), then keep
+        taking what queued meanwhile, as long as no other batch is collecting it."""
+        try:
+            while True:
+                if batch is None:
+                    batch = self._take_batch()
+                if batch:
+                    await self._run_batch(batch)
+                if not self._pending or self._collecting:
+                    return
+                self._collecting = True
+                batch = None
+        finally:
+            self._inflight -= 1
+
+    async def _run_batch(self, batch: list[WriteRequest]) -> None:
+        # Requests of different executions are independent, so they may run in any order; one
+        # global order (by id, stable for one execution's requests) means batches of several
+        # processes lock heads rows in the same order and cannot deadlock each other. An
+        # execution's timer rows come after its heads row, for the same reason (a batch holds
+        # only writes that were pending at once, so none of them waits for another).
+        batch.sort(key=lambda r: (r.execution_id, r.kind == "timer"))
+        try:
+            try:
+                faults.hit("before_append")
+                pool = self._pool
+                if pool is None:
+                    raise StorageWriteError(f"the PostgreSQL store ({self._where()}) is closed")
+                async with pool.connection() as conn:
+                    if len(batch) == 1:
+                        committed = await self._run_single(conn, batch[0])
+                    else:
+                        committed = await self._run_many(conn, batch)
+            except Exception as exc:
+                # Nothing of this batch was committed (commit failures are resolved inside).
+                self._check_pool()
+                self._fail_all(batch, self._write_error("the write transaction failed", exc))
+                return
+            if committed:
+                try:
+                    faults.hit("after_append_before_ack")
+                except Exception as exc:
+                    self._fail_all(
+                        batch,
+                        self._write_error(
+                            "committed, but the acknowledgement was lost", exc, outcome="committed"
+                        ),
+                    )
+        except BaseException as exc:
+            self._fail_all(batch, self._write_error("the write was interrupted", exc))
+            raise
+        finally:
+            for req in batch:
+                _answer(req)
+            notify = [r.execution_id for r in batch if r.kind in _EVENT_WRITES and r.error is None]
+            if notify:
+                self._waiters.notify(notify)
+
+    async def _run_single(self, conn: Conn, req: WriteRequest) -> bool:
+        # A lone write is one autocommit statement: the statement and its COMMIT are one round
+        # trip, so ``before_commit`` is crossed just before it (a crash there, as at any point
+        # before COMMIT, leaves nothing written).
+        faults.hit("before_commit")
+        try:
+            cur = await conn.execute(req.sql, req.params)
+            row = await cur.fetchone()
+        except psycopg.Error as exc:
+            if _lost(conn):
+                return await self._resolve([req], exc)
+            req.error = self._statement_error(req, exc)
+            return False
+        if self._settle(req, row):
+            await self._reread_head(conn, req)
+        return req.error is None
+
+    async def _run_many(self, conn: Conn, batch: list[WriteRequest]) -> bool:
+        try:
+            async with conn.pipeline() as pipeline:
+                await conn.execute("BEGIN")
+                cursors = []
+                for req in batch:
+                    cur = conn.cursor()
+                    await cur.execute(req.sql, req.params)
+                    cursors.append(cur)
+                await pipeline.sync()
+                rows = [await cur.fetchone() for cur in cursors]
+        except psycopg.Error:
+            if _lost(conn):
+                raise  # no COMMIT was sent: nothing is written; _run_batch fails every caller
+            # A statement raised (duplicate envelope id, deadlock, ...): replay the batch one
+            # SAVEPOINT per request so that only that request fails.
+            await conn.execute("ROLLBACK")
+            return await self._run_savepoints(conn, batch)
+        for req, row in zip(batch, rows, strict=True):
+            if self._settle(req, row):
+                await self._reread_head(conn, req)
+        return await self._commit(conn, batch)
+
+    async def _run_savepoints(self, conn: Conn, batch: list[WriteRequest]) -> bool:
+        await conn.execute("BEGIN")
+        for req in batch:
+            req.error = None
+            await conn.execute("SAVEPOINT loom_request")
+            try:
+                cur = await conn.execute(req.sql, req.params)
+                row = await cur.fetchone()
+            except psycopg.Error as exc:
+                if _lost(conn):
+                    raise
+                await conn.execute("ROLLBACK TO SAVEPOINT loom_request")
+                req.error = self._statement_error(req, exc)
+            else:
+                if self._settle(req, row):
+                    await self._reread_head(conn, req)
+            await conn.execute("RELEASE SAVEPOINT loom_request")
+        return await self._commit(conn, batch)
+
+    async def _commit(self, conn: Conn, batch: list[WriteRequest]) -> bool:
+        """COMMIT the batch; True if it is durable (False: every request was refused)."""
+        if all(r.error is not None for r in batch):
+            await conn.execute("ROLLBACK")
+            return False
+        # A fault raised here propagates; the pool rolls the open transaction back.
+        faults.hit("before_commit")
+        try:
+            await conn.execute("COMMIT")
+        except psycopg.Error as exc:
+            if _lost(conn):
+                return await self._resolve(batch, exc)
+            raise  # the server refused the COMMIT: it rolled back, nothing is written
+        return True
+
+    def _settle(self, req: WriteRequest, row: tuple[Any, ...] | None) -> bool:
+        """Turn a statement's row into the request's result or refusal.
+
+        Returns True when the head the statement saw does not explain the refusal (a concurrent
+        commit changed it after the statement's snapshot) and must be read again.
+        """
+        if req.kind == "fence":
+            assert row is not None
+            req.result = int(row[0])
+            return False
+        if req.kind == "snapshot":
+            return False
+        if req.kind == "timer":  # every timer statement returns one count
+            assert row is not None
+            req.result = int(row[0])
+            return False
+        assert row is not None
+        inserted, _, head_fence, head_next = row
+        if inserted == req.count:
+            return False
+        req.error = _refusal(req, head_fence or 0, head_next or 0)
+        return req.error is None
+
+    async def _reread_head(self, conn: Conn, req: WriteRequest) -> None:
+        cur = await conn.execute(self._sql["head"], (req.execution_id,))
+        head = await cur.fetchone()
+        current_fence, next_sequence = head if head is not None else (0, 0)
+        req.error = _refusal(req, current_fence, next_sequence)
+        if req.error is None:
+            # The same holder appended concurrently and out of order; the head now fits, but
+            # this statement saw otherwise and wrote nothing. Nothing of it is written.
+            what = "append to" if req.kind == "append" else "take-over of"
+            req.error = StorageWriteError(
+                f"{what} {req.execution_id!r} at {req.first} raced with another append by "
+                "the same fence holder; nothing was written",
+                execution_id=req.execution_id,
+                hint="Append one batch at a time per execution",
+            )
+
+    def _statement_error(self, req: WriteRequest, exc: psycopg.Error) -> LoomError:
+        if isinstance(exc, psycopg.errors.UniqueViolation) and req.kind in _EVENT_WRITES:
+            err: LoomError = DuplicateEnvelopeIdError(
+                f"an envelope id of this batch is already stored ({exc.diag.message_detail})",
+                execution_id=req.execution_id,
+            )
+        else:
+            err = StorageWriteError(
+                f"the {req.kind} for {req.execution_id!r} failed: {exc}",
+                execution_id=req.execution_id,
+            )
+        err.__cause__ = exc
+        return err
+
+    async def _resolve(self, batch: list[WriteRequest], exc: psycopg.Error) -> bool:
+        """The connection died while committing: find out whether the batch landed.
+
+        The batch is atomic, so one envelope of one append in it answers for all of it. The
+        check first takes a share lock on that execution's head row, which waits until the
+        dead session's transaction (holding the row) is really gone, committed or not.
+        """
+        self._check_pool()
+        probe = next((r for r in batch if r.kind in _EVENT_WRITES and r.error is None), None)
+        landed = None if probe is None else await self._probe(probe)
+        if landed:
+            return True
+        if landed is None:
+            err = self._write_error(
+                "the connection was lost while committing and the outcome could not be checked",
+                exc,
+                outcome="unknown",
+                hint="The write may or may not be stored: read the execution before retrying",
+            )
+        else:
+            err = self._write_error(
+                "the connection was lost while committing; checked: nothing was written", exc
+            )
+        self._fail_all(batch, err)
+        return False
+
+    async def _probe(self, req: WriteRequest) -> bool | None:
+        assert req.probe is not None
+        envelope_id, sequence, checksum = req.probe
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.resolve_timeout
+        delay = 0.05
+        while True:
+            remaining = deadline - loop.time()
+            try:
+                conn = await psycopg.AsyncConnection.connect(
+                    self.dsn, autocommit=True, connect_timeout=max(1, round(remaining))
+                )
+                async with conn, conn.transaction():
+                    await conn.execute(
+                        f"SET LOCAL lock_timeout = '{max(1, int(remaining * 1000))}ms'"
+                    )
+                    await conn.execute(self._sql["probe_lock"], (req.execution_id,))
+                    cur = await conn.execute(
+                        self._sql["probe"], (envelope_id, req.execution_id, sequence, checksum)
+                    )
+                    return await cur.fetchone() is not None
+            except psycopg.Error:
+                if loop.time() + delay >= deadline:
+                    return None
+            await asyncio.sleep(delay)  # the server may be restarting: back off and ask again
+            delay = min(delay * 2, 1.0)
+
+    def _check_pool(self) -> asyncio.Task[None] | None:
+        """Have the pool test its idle connections and replace the dead ones, in the background.
+
+        After a lost connection the others are probably dead too (a server restart or a
+        terminated session kills them all, and the pool only learns it when one is used)."""
+        pool = self._pool
+        if pool is None or self._closed:
+            return None
+        if self._check_task is None or self._check_task.done():
+            self._check_task = asyncio.get_running_loop().create_task(self._run_pool_check(pool))
+        return self._check_task
+
+    async def _run_pool_check(self, pool: AsyncConnectionPool[Conn]) -> None:
+        try:
+            await pool.check()
+        except psycopg.Error:
+            pass  # the pool keeps reconnecting by itself; the next caller will see the error
+
+    def _write_error(self, what: str, exc: BaseException, **details: Any) -> StorageWriteError:
+        hint = details.pop("hint", None)
+        err = StorageWriteError(
+            f"PostgreSQL store ({self.schema}): {what}: {exc}", hint=hint, **details
+        )
+        err.__cause__ = exc
+        return err
+
+    def _fail_pending(self) -> None:
+        """Refuse every queued write that no batch took (the store is closing)."""
+        for req in self._pending:
+            req.error = StorageWriteError(f"the PostgreSQL store ({self.schema}) was closed")
+            _answer(req)
+        self._pending.clear()
+
+    def _fail_all(self, batch: list[WriteRequest], error: StorageWriteError) -> None:
+        for req in batch:
+            req.error = error
+            req.result = None

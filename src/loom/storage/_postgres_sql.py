@@ -1,0 +1,269 @@
+"""PostgresStore's SQL: the versioned schema, its migrations and every statement's text.
+
+The schema lives in its own PostgreSQL schema, versioned in a ``meta`` table. :func:`migrate`
+creates it or brings it up to :data:`SCHEMA_VERSION` in ONE transaction under an advisory lock,
+so several processes may open it at once and nobody ever sees a half-migrated schema (DDL is
+transactional in PostgreSQL). A schema written by a newer Loom is refused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from typing import Any
+
+import psycopg
+
+from loom.errors import SchemaVersionError, StorageError
+
+__all__ = [
+    "MAX_NOTE_BYTES",
+    "MIGRATIONS",
+    "SCHEMA_NAME",
+    "SCHEMA_VERSION",
+    "Conn",
+    "migrate",
+    "migration_lock_key",
+    "notify_channel",
+    "statements",
+]
+
+#: 1: heads, events, snapshots. 2: timers (the TimerStore side).
+SCHEMA_VERSION = 2
+
+SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+
+Conn = psycopg.AsyncConnection[tuple[Any, ...]]
+
+# Statements that take a database from version N-1 to N. Version 1 creates everything it had. Ids
+# are COLLATE "C" so that enumeration order is code-point order, as in every other store.
+MIGRATIONS: dict[int, tuple[str, ...]] = {
+    1: (
+        'CREATE TABLE {s}.heads (execution_id text COLLATE "C" PRIMARY KEY,'
+        " fence bigint NOT NULL, next_sequence bigint NOT NULL)",
+        'CREATE TABLE {s}.events (execution_id text COLLATE "C" NOT NULL,'
+        ' sequence bigint NOT NULL, envelope_id text COLLATE "C" NOT NULL,'
+        " type text NOT NULL, payload text NOT NULL, recorded_at double precision NOT NULL,"
+        " fence bigint NOT NULL, checksum text NOT NULL,"
+        " CONSTRAINT events_pkey PRIMARY KEY (execution_id, sequence),"
+        " CONSTRAINT events_envelope_id_key UNIQUE (envelope_id))",
+        'CREATE TABLE {s}.snapshots (execution_id text COLLATE "C" PRIMARY KEY,'
+        " sequence bigint NOT NULL, state text NOT NULL, checksum text NOT NULL)",
+    ),
+    # A claim sets claimed_by/claimed_until (not indexed, so the update can stay HOT); the due
+    # index matches the claim's ORDER BY, so a claim reads the first due rows in order.
+    2: (
+        'CREATE TABLE {s}.timers (execution_id text COLLATE "C" NOT NULL,'
+        " position bigint NOT NULL, fire_at double precision NOT NULL, kind text NOT NULL,"
+        " flow_id text NOT NULL DEFAULT '', claimed_by text,"
+        " claimed_until double precision NOT NULL DEFAULT 0,"
+        " CONSTRAINT timers_pkey PRIMARY KEY (execution_id, position))",
+        "CREATE INDEX timers_due ON {s}.timers (fire_at, execution_id, position)",
+    ),
+}
+
+# One statement per append or take-over. The INSERT reads from the head write's RETURNING, so a
+# refused one (0 rows moved) writes nothing and needs no rollback. The head is returned for the
+# refusal.
+_APPEND = """
+WITH moved AS (
+    {moved}
+), ins AS (
+    INSERT INTO {{s}}.events
+        (execution_id, sequence, envelope_id, type, payload, recorded_at, fence, checksum)
+    {rows}
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM ins), {notify}, h.fence, h.next_sequence
+FROM (SELECT 1) AS one LEFT JOIN {{s}}.heads AS h ON h.execution_id = %(eid)s
+"""
+
+_NOTIFY = "(SELECT count(pg_notify(%(channel)s, %(note)s)) FROM moved)"
+
+# How each kind of write moves the head: an append keeps the fence; a take-over advances it by
+# one from the fence it saw, and from fence 0 creates the head (a row of fence 0 never exists,
+# so a concurrent creator makes the INSERT do nothing, never overwrite). They are filled into
+# _APPEND as values, so their schema placeholder is a single-braced {s}.
+_MOVE_APPEND = """UPDATE {s}.heads SET next_sequence = %(end)s
+    WHERE execution_id = %(eid)s AND fence = %(fence)s AND next_sequence = %(first)s
+    RETURNING execution_id"""
+_MOVE_TAKE_OVER = """UPDATE {s}.heads SET fence = %(fence)s, next_sequence = %(end)s
+    WHERE execution_id = %(eid)s AND fence = %(from)s AND next_sequence = %(first)s
+    RETURNING execution_id"""
+_MOVE_CREATE = """INSERT INTO {s}.heads (execution_id, fence, next_sequence)
+    SELECT %(eid)s, %(fence)s, %(end)s WHERE %(from)s = 0 AND %(first)s = 0
+    ON CONFLICT (execution_id) DO NOTHING
+    RETURNING execution_id"""
+
+# Most appends carry one envelope: scalar parameters cost far less to send than arrays.
+_ONE_ROW = (
+    "SELECT moved.execution_id, %(first)s, %(id)s, %(type)s, %(payload)s, %(at)s::float8, "
+    "%(fence)s, %(sum)s FROM moved"
+)
+_MANY_ROWS = """SELECT moved.execution_id, r.seq, r.eid, r.typ, r.payload, r.at, %(fence)s, r.sum
+    FROM moved, unnest(%(seqs)s::bigint[], %(ids)s::text[], %(types)s::text[],
+                       %(payloads)s::text[], %(ats)s::float8[], %(sums)s::text[])
+         AS r(seq, eid, typ, payload, at, sum)"""
+
+_FENCE = (
+    "INSERT INTO {s}.heads AS h (execution_id, fence, next_sequence) VALUES (%s, 1, 0) "
+    "ON CONFLICT (execution_id) DO UPDATE SET fence = h.fence + 1 RETURNING h.fence"
+)
+
+_SNAPSHOT = (
+    "INSERT INTO {s}.snapshots AS t (execution_id, sequence, state, checksum) "
+    "VALUES (%s, %s, %s, %s) ON CONFLICT (execution_id) DO UPDATE SET "
+    "sequence = excluded.sequence, state = excluded.state, checksum = excluded.checksum "
+    "WHERE excluded.sequence > t.sequence RETURNING 1"
+)
+
+_HEAD = "SELECT fence, next_sequence FROM {s}.heads WHERE execution_id = %s"
+
+_READ = (
+    "SELECT envelope_id, sequence, type, payload, recorded_at, fence, checksum "
+    "FROM {s}.events WHERE execution_id = %s AND sequence >= %s ORDER BY sequence"
+)
+
+_PROBE = (
+    "SELECT 1 FROM {s}.events WHERE envelope_id = %s AND execution_id = %s "
+    "AND sequence = %s AND checksum = %s"
+)
+
+# Rescheduling a position replaces the timer and drops any claim on it (the later call wins).
+# Every timer write returns one row: the group commit reads one row per request.
+_TIMER_SCHEDULE = (
+    "INSERT INTO {s}.timers (execution_id, position, fire_at, kind, flow_id) "
+    "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (execution_id, position) DO UPDATE SET "
+    "fire_at = excluded.fire_at, kind = excluded.kind, flow_id = excluded.flow_id, "
+    "claimed_by = NULL, claimed_until = 0 RETURNING 1"
+)
+
+# The claim is one statement: the subquery locks the first due, unclaimed rows and skips those
+# another claimer holds right now (SKIP LOCKED, so claimers never wait for each other); the
+# UPDATE marks them. A row claimed and committed meanwhile is re-checked against the WHERE
+# under READ COMMITTED and dropped, so two claimers never get the same timer.
+_TIMER_CLAIM = """
+UPDATE {s}.timers SET claimed_by = %(owner)s, claimed_until = %(until)s
+WHERE (execution_id, position) IN (
+    SELECT execution_id, position FROM {s}.timers
+    WHERE fire_at <= %(now)s AND claimed_until <= %(now)s
+    ORDER BY fire_at, execution_id, position
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+RETURNING execution_id, position, fire_at, kind, flow_id
+"""
+
+_TIMER_COMPLETE = (
+    "WITH gone AS (DELETE FROM {s}.timers WHERE execution_id = %s AND position = %s "
+    "RETURNING 1) SELECT count(*) FROM gone"
+)
+
+_TIMER_CANCEL = (
+    "WITH gone AS (DELETE FROM {s}.timers WHERE execution_id = %s RETURNING 1) "
+    "SELECT count(*) FROM gone"
+)
+
+#: pg_notify payloads must stay under 8000 bytes; a longer id wakes every waiter instead.
+MAX_NOTE_BYTES = 4000
+
+
+def statements(schema: str, *, notify: bool) -> dict[str, str]:
+    """Every statement of a store, with its schema name filled in."""
+    s = f'"{schema}"'
+    note = _NOTIFY if notify else "0"
+
+    def write(moved: str, rows: str) -> str:
+        return _APPEND.format(moved=moved, rows=rows, notify=note).format(s=s)
+
+    return {
+        "append_one": write(_MOVE_APPEND, _ONE_ROW),
+        "append_many": write(_MOVE_APPEND, _MANY_ROWS),
+        "take_over_one": write(_MOVE_TAKE_OVER, _ONE_ROW),
+        "take_over_many": write(_MOVE_TAKE_OVER, _MANY_ROWS),
+        "create_one": write(_MOVE_CREATE, _ONE_ROW),
+        "create_many": write(_MOVE_CREATE, _MANY_ROWS),
+        "fence": _FENCE.format(s=s),
+        "snapshot": _SNAPSHOT.format(s=s),
+        "head": _HEAD.format(s=s),
+        "read": _READ.format(s=s),
+        "probe": _PROBE.format(s=s),
+        "probe_lock": f"SELECT 1 FROM {s}.heads WHERE execution_id = %s FOR SHARE",
+        "last": f"SELECT next_sequence FROM {s}.heads WHERE execution_id = %s",
+        "current_fence": f"SELECT fence FROM {s}.heads WHERE execution_id = %s",
+        "snapshot_load": (
+            f"SELECT sequence, state, checksum FROM {s}.snapshots WHERE execution_id = %s"
+        ),
+        "ids_first": (
+            f"SELECT execution_id FROM {s}.heads WHERE next_sequence > 0 "
+            "ORDER BY execution_id LIMIT %s"
+        ),
+        "ids_after": (
+            f"SELECT execution_id FROM {s}.heads WHERE next_sequence > 0 "
+            "AND execution_id > %s ORDER BY execution_id LIMIT %s"
+        ),
+        "timer_schedule": _TIMER_SCHEDULE.format(s=s),
+        "timer_claim": _TIMER_CLAIM.format(s=s),
+        "timer_complete": _TIMER_COMPLETE.format(s=s),
+        "timer_cancel": _TIMER_CANCEL.format(s=s),
+        "timer_next": f"SELECT min(fire_at) FROM {s}.timers",
+    }
+
+
+def notify_channel(schema: str) -> str:
+    """The LISTEN/NOTIFY channel of a schema's appends (a valid identifier for any name)."""
+    return f"loom_{hashlib.blake2b(schema.encode(), digest_size=12).hexdigest()}"
+
+
+def migration_lock_key(schema: str) -> int:
+    """The advisory lock key for migrations: a signed 64-bit number derived from the schema."""
+    return int.from_bytes(
+        hashlib.blake2b(f"loom-migrate:{schema}".encode(), digest_size=8).digest(),
+        "big",
+        signed=True,
+    )
+
+
+async def migrate(conn: Conn, schema: str, where: str) -> None:
+    """Create the schema or bring it up to :data:`SCHEMA_VERSION`, all in one transaction.
+
+    ``conn`` must be in autocommit mode. Raises ``SchemaVersionError`` for a newer schema and
+    ``StorageError`` if a migration statement fails (then nothing of it was applied).
+    """
+    s = f'"{schema}"'
+    async with conn.transaction():
+        # Every opener takes the same lock, so concurrent first opens create the schema once
+        # and a migration is never observed half-done.
+        await conn.execute("SELECT pg_advisory_xact_lock(%s)", (migration_lock_key(schema),))
+        await conn.execute(f"CREATE SCHEMA IF NOT EXISTS {s}")
+        await conn.execute(
+            f"CREATE TABLE IF NOT EXISTS {s}.meta (key text PRIMARY KEY, value text NOT NULL)"
+        )
+        cur = await conn.execute(f"SELECT value FROM {s}.meta WHERE key = 'schema_version'")
+        row = await cur.fetchone()
+        version = int(row[0]) if row is not None else 0
+        if version > SCHEMA_VERSION:
+            raise SchemaVersionError(
+                f"the PostgreSQL store at {where} has Loom schema version "
+                f"{version}; this Loom reads up to {SCHEMA_VERSION}"
+            )
+        if version == SCHEMA_VERSION:
+            return
+        try:
+            for target in range(version + 1, SCHEMA_VERSION + 1):
+                for statement in MIGRATIONS[target]:
+                    await conn.execute(statement.format(s=s))
+            await conn.execute(
+                f"INSERT INTO {s}.meta (key, value) VALUES ('schema_version', %s) "
+                "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                (str(SCHEMA_VERSION),),
+            )
+        except psycopg.Error as exc:
+            if conn.closed or conn.broken:
+                raise  # the connection died: the caller reports an unreachable server
+            raise StorageError(
+                f"cannot migrate the PostgreSQL store at {where} from schema version {version} "
+                f"to {SCHEMA_VERSION}: {exc}; nothing was changed",
+                hint="Fix the conflicting object in the schema (or use a fresh schema) and "
+                "open the store again",
+            ) from exc
