@@ -35,7 +35,7 @@ async def main(args: argparse.Namespace) -> None:
             except Exception as exc:
                 line.update(error=type(exc).__name__, message=str(exc))
             else:
-                line.update(status=result.status.value, output=result.output)
+                line.update(status=result.status.value, output=result.output, error=result.error)
             out.write(json.dumps(line) + "\n")
 
         await asyncio.gather(*(one(i, eid) for i, eid in enumerate(args.ids.split(","))))

@@ -7,13 +7,34 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from loom.errors import StaleFenceError, StorageError
+from loom.errors import LoomError, StaleFenceError, StorageError, StorageWriteError
 from loom.model import Envelope, EventType, ExecutionState, PayloadLimits, apply_event
 from loom.runtime._clock import Clock
 from loom.runtime._observe import NO_OBSERVER, StepObserver
 from loom.storage import Snapshot, Store, Timer
 
 __all__ = ["Driver"]
+
+
+async def _store_call(write: Awaitable[None], execution_id: str) -> None:
+    """Await a store write, turning anything but a Loom error into StorageWriteError.
+
+    A store that leaks a driver exception (a pool timeout, a socket error) must not look like
+    the flow's own failure: that would record EXECUTION_FAILED for an execution that is only
+    waiting for its storage, instead of leaving it resumable for a retry.
+    """
+    try:
+        await write
+    except LoomError:
+        raise
+    except Exception as exc:
+        err = StorageWriteError(
+            f"the store failed writing {execution_id!r}: {exc!r}",
+            execution_id=execution_id,
+            hint="The execution is resumable once the store is reachable again",
+        )
+        raise err from exc
+
 
 log = logging.getLogger("loom.runtime")
 
@@ -76,7 +97,7 @@ class Driver:
             pending, self.pending_ui = self.pending_ui, []
             envelopes = self.build([*pending, *events])
             try:
-                await self.store.append(envelopes)
+                await _store_call(self.store.append(envelopes), self.state.execution_id)
             except StaleFenceError as exc:
                 if exc.execution_id == self.state.execution_id:
                     self.fenced_out = exc
@@ -96,7 +117,9 @@ class Driver:
         async with self.lock:
             self.fence = from_fence + 1
             envelopes = self.build(events)
-            await self.store.take_over(envelopes, from_fence=from_fence)
+            await _store_call(
+                self.store.take_over(envelopes, from_fence=from_fence), self.state.execution_id
+            )
             self._applied(envelopes)
 
     def _applied(self, envelopes: list[Envelope]) -> None:

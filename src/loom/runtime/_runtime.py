@@ -14,6 +14,7 @@ import pydantic
 from loom import faults
 from loom.errors import (
     ConfigurationError,
+    CorruptEventError,
     DuplicateSequenceError,
     ExecutionNotFoundError,
     ExecutionSupersededError,
@@ -34,8 +35,8 @@ from loom.model import (
     ExecutionStatus,
     Gate,
     PayloadLimits,
-    apply_event,
     new_envelope_id,
+    replay,
 )
 from loom.runtime._clock import Clock, SystemClock
 from loom.runtime._context import (
@@ -165,16 +166,21 @@ class WorkflowRuntime:
     ) -> tuple[ExecutionState | None, int]:
         snap = await self.store.load_snapshot(execution_id)
         if snap is not None and (at_sequence is None or snap.sequence <= at_sequence):
-            state = ExecutionState.from_dict(snap.state)
+            try:
+                state = ExecutionState.from_dict(snap.state)
+            except (KeyError, TypeError, ValueError) as exc:
+                raise CorruptEventError(
+                    f"the snapshot of {execution_id!r} does not describe a state: {exc!r}",
+                    execution_id=execution_id,
+                ) from exc
             snap_seq = snap.sequence
         else:
             state = ExecutionState(execution_id)
             snap_seq = -1
         envelopes = await self.store.read(execution_id, from_sequence=state.last_sequence + 1)
-        for env in envelopes:
-            if at_sequence is not None and env.sequence > at_sequence:
-                break
-            apply_event(state, env)
+        tail = [e for e in envelopes if at_sequence is None or e.sequence <= at_sequence]
+        if tail:
+            state = replay(tail, initial=state)  # typed errors for malformed records
         if state.last_sequence < 0:
             return None, -1
         return state, snap_seq
