@@ -111,6 +111,32 @@ def _event_row(e: Envelope) -> tuple[Any, ...]:
     )
 
 
+def _insert_or_undo(
+    conn: sqlite3.Connection,
+    execution_id: str,
+    rows: list[tuple[Any, ...]],
+    first: int,
+    undo_head: Callable[[], object],
+) -> None:
+    """Insert a request's events; on a duplicate envelope id undo exactly this request's
+    writes (the sequences were free: the head said so, and the transaction still holds the
+    write lock), so that the refusal leaves nothing behind for the rest of the batch."""
+    try:
+        if len(rows) == 1:
+            conn.execute(_INSERT_EVENT, rows[0])
+        else:
+            conn.executemany(_INSERT_EVENT, rows)
+    except sqlite3.IntegrityError as exc:
+        conn.execute(
+            "DELETE FROM loom_events WHERE execution_id = ? AND sequence >= ? AND sequence < ?",
+            (execution_id, first, first + len(rows)),
+        )
+        undo_head()
+        raise DuplicateEnvelopeIdError(
+            f"an envelope id of this batch is already stored ({exc})", execution_id=execution_id
+        ) from exc
+
+
 @dataclass(eq=False)
 class _Request:
     """One caller's write, answered on the caller's event loop."""
@@ -394,27 +420,16 @@ class SQLiteStore:
                     f"append to {execution_id!r} refused for an unknown reason",
                     execution_id=execution_id,
                 )
-            try:
-                if count == 1:
-                    conn.execute(_INSERT_EVENT, rows[0])
-                else:
-                    conn.executemany(_INSERT_EVENT, rows)
-            except sqlite3.IntegrityError as exc:
-                # Undo this request's own writes: the sequences were free (the head said so)
-                # and the transaction still holds the write lock.
-                conn.execute(
-                    "DELETE FROM loom_events WHERE execution_id = ? AND sequence >= ? "
-                    "AND sequence < ?",
-                    (execution_id, first, first + count),
-                )
-                conn.execute(
+            _insert_or_undo(
+                conn,
+                execution_id,
+                rows,
+                first,
+                lambda: conn.execute(
                     "UPDATE loom_heads SET next_sequence = ? WHERE execution_id = ?",
                     (first, execution_id),
-                )
-                raise DuplicateEnvelopeIdError(
-                    f"an envelope id of this batch is already stored ({exc})",
-                    execution_id=execution_id,
-                ) from exc
+                ),
+            )
 
         await self._submit(apply, execution_id)
 
@@ -440,15 +455,8 @@ class SQLiteStore:
                 "next_sequence = excluded.next_sequence",
                 (execution_id, from_fence + 1, first + count),
             )
-            try:
-                conn.executemany(_INSERT_EVENT, rows)
-            except sqlite3.IntegrityError as exc:
-                # Undo exactly what this request did, inside the still-open transaction.
-                conn.execute(
-                    "DELETE FROM loom_events WHERE execution_id = ? AND sequence >= ? "
-                    "AND sequence < ?",
-                    (execution_id, first, first + count),
-                )
+
+            def undo_head() -> None:
                 if head is None:
                     conn.execute("DELETE FROM loom_heads WHERE execution_id = ?", (execution_id,))
                 else:
@@ -456,10 +464,8 @@ class SQLiteStore:
                         "UPDATE loom_heads SET fence = ?, next_sequence = ? WHERE execution_id = ?",
                         (current_fence, next_sequence, execution_id),
                     )
-                raise DuplicateEnvelopeIdError(
-                    f"an envelope id of this batch is already stored ({exc})",
-                    execution_id=execution_id,
-                ) from exc
+
+            _insert_or_undo(conn, execution_id, rows, first, undo_head)
 
         await self._submit(apply, execution_id)
 
