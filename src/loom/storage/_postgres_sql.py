@@ -147,6 +147,7 @@ UPDATE {s}.timers SET claimed_by = %(owner)s, claimed_until = %(until)s
 WHERE (execution_id, position) IN (
     SELECT execution_id, position FROM {s}.timers
     WHERE fire_at <= %(now)s AND claimed_until <= %(now)s
+      AND starts_with(execution_id, %(prefix)s)
     ORDER BY fire_at, execution_id, position
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
@@ -206,7 +207,7 @@ def statements(schema: str, *, notify: bool) -> dict[str, str]:
         "timer_claim": _TIMER_CLAIM.format(s=s),
         "timer_complete": _TIMER_COMPLETE.format(s=s),
         "timer_cancel": _TIMER_CANCEL.format(s=s),
-        "timer_next": f"SELECT min(fire_at) FROM {s}.timers",
+        "timer_next": f"SELECT min(fire_at) FROM {s}.timers WHERE starts_with(execution_id, %s)",
     }
 
 

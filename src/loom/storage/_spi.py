@@ -150,10 +150,11 @@ class TimerStore(Protocol):
         ...
 
     async def claim_due_timers(
-        self, now: float, *, owner: str, lease: float, limit: int = 100
+        self, now: float, *, owner: str, lease: float, limit: int = 100, prefix: str = ""
     ) -> list[Timer]:
         """Claim up to ``limit`` timers due at ``now`` that nobody holds (or whose claim
-        expired), for ``lease`` seconds. Two concurrent callers never claim the same timer."""
+        expired), for ``lease`` seconds. Two concurrent callers never claim the same timer.
+        ``prefix`` restricts the claim to execution ids that start with it (a tenant's)."""
         ...
 
     async def complete_timer(self, timer: Timer) -> None:
@@ -164,8 +165,9 @@ class TimerStore(Protocol):
         """Delete every pending timer of an execution; return how many."""
         ...
 
-    async def next_timer_due(self) -> float | None:
-        """The earliest ``fire_at`` among pending timers (claimed or not), or None."""
+    async def next_timer_due(self, prefix: str = "") -> float | None:
+        """The earliest ``fire_at`` among pending timers (claimed or not) whose execution id
+        starts with ``prefix``, or None."""
         ...
 
 

@@ -158,11 +158,15 @@ class InMemoryStore:
             self._timers[(timer.execution_id, timer.position)] = (timer, None, 0.0)
 
     async def claim_due_timers(
-        self, now: float, *, owner: str, lease: float, limit: int = 100
+        self, now: float, *, owner: str, lease: float, limit: int = 100, prefix: str = ""
     ) -> list[Timer]:
         with self._lock:
             due = sorted(
-                (t for t, _, until in self._timers.values() if t.fire_at <= now and until <= now),
+                (
+                    t
+                    for t, _, until in self._timers.values()
+                    if t.fire_at <= now and until <= now and t.execution_id.startswith(prefix)
+                ),
                 key=lambda t: (t.fire_at, t.execution_id, t.position),
             )[:limit]
             for t in due:
@@ -180,9 +184,16 @@ class InMemoryStore:
                 del self._timers[k]
             return len(keys)
 
-    async def next_timer_due(self) -> float | None:
+    async def next_timer_due(self, prefix: str = "") -> float | None:
         with self._lock:
-            return min((t.fire_at for t, _, _ in self._timers.values()), default=None)
+            return min(
+                (
+                    t.fire_at
+                    for t, _, _ in self._timers.values()
+                    if t.execution_id.startswith(prefix)
+                ),
+                default=None,
+            )
 
     async def close(self) -> None:
         self._closed = True

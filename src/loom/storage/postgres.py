@@ -474,7 +474,7 @@ class PostgresStore(GroupCommit):
         await self._write("timer", timer.execution_id, self._sql["timer_schedule"], params)
 
     async def claim_due_timers(
-        self, now: float, *, owner: str, lease: float, limit: int = 100
+        self, now: float, *, owner: str, lease: float, limit: int = 100, prefix: str = ""
     ) -> list[Timer]:
         """See :meth:`loom.storage.TimerStore.claim_due_timers`.
 
@@ -487,7 +487,14 @@ class PostgresStore(GroupCommit):
         if limit < 1:
             return []
         pool = await self._ensure_open()
-        params = {"owner": owner, "until": now + lease, "now": now, "limit": limit}
+        _storable(prefix, "timer prefix")
+        params = {
+            "owner": owner,
+            "until": now + lease,
+            "now": now,
+            "limit": limit,
+            "prefix": prefix,
+        }
         try:
             async with pool.connection() as conn:
                 cur = await conn.execute(self._sql["timer_claim"], params)
@@ -517,9 +524,9 @@ class PostgresStore(GroupCommit):
         result: int = await self._write("timer", execution_id, sql, (execution_id,))
         return result
 
-    async def next_timer_due(self) -> float | None:
+    async def next_timer_due(self, prefix: str = "") -> float | None:
         """See :meth:`loom.storage.TimerStore.next_timer_due`."""
-        rows = await self._fetch(self._sql["timer_next"], ())
+        rows = await self._fetch(self._sql["timer_next"], (prefix,))
         return None if not rows or rows[0][0] is None else float(rows[0][0])
 
     async def _write(self, kind: WriteKind, execution_id: str, sql: str, params: Any) -> Any:

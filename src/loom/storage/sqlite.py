@@ -596,7 +596,7 @@ class SQLiteStore:
         await self._submit(apply, None)
 
     async def claim_due_timers(
-        self, now: float, *, owner: str, lease: float, limit: int = 100
+        self, now: float, *, owner: str, lease: float, limit: int = 100, prefix: str = ""
     ) -> list[Timer]:
         # The claim runs inside BEGIN IMMEDIATE: SQLite's write lock makes it exclusive across
         # every process using the file.
@@ -604,8 +604,9 @@ class SQLiteStore:
             rows = conn.execute(
                 "SELECT execution_id, position, fire_at, kind, flow_id FROM loom_timers "
                 "WHERE fire_at <= ? AND claimed_until <= ? "
+                "AND substr(execution_id, 1, ?) = ? "
                 "ORDER BY fire_at, execution_id, position LIMIT ?",
-                (now, now, limit),
+                (now, now, len(prefix), prefix, limit),
             ).fetchall()
             conn.executemany(
                 "UPDATE loom_timers SET claimed_by = ?, claimed_until = ? "
@@ -635,8 +636,15 @@ class SQLiteStore:
         result: int = await self._submit(apply, None)
         return result
 
-    async def next_timer_due(self) -> float | None:
-        row = self._reader().execute("SELECT min(fire_at) FROM loom_timers").fetchone()
+    async def next_timer_due(self, prefix: str = "") -> float | None:
+        row = (
+            self._reader()
+            .execute(
+                "SELECT min(fire_at) FROM loom_timers WHERE substr(execution_id, 1, ?) = ?",
+                (len(prefix), prefix),
+            )
+            .fetchone()
+        )
         return None if row is None or row[0] is None else float(row[0])
 
     # ---------------------------------------------------------------- lifecycle

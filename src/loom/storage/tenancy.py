@@ -42,7 +42,7 @@ from loom.errors import (
     StorageWriteError,
 )
 from loom.model import Envelope
-from loom.storage._spi import EventStore, Snapshot, SnapshotStore
+from loom.storage._spi import EventStore, Snapshot, SnapshotStore, Timer, TimerStore
 
 __all__ = ["MAX_TENANT_LENGTH", "SEPARATOR", "TenantScopedEventStore"]
 
@@ -257,6 +257,47 @@ class TenantScopedEventStore:
         if snap is None:
             return None
         return Snapshot(execution_id, snap.sequence, snap.state)
+
+    # ---------------------------------------------------------------- TimerStore
+
+    def _timer_store(self) -> TimerStore:
+        if not isinstance(self.store, TimerStore):
+            raise ConfigurationError(
+                f"{type(self.store).__name__} keeps no timers; wrap a TimerStore to use them"
+            )
+        return self.store
+
+    def _scope_timer(self, timer: Timer) -> Timer:
+        return dataclasses.replace(timer, execution_id=self._scope(timer.execution_id))
+
+    async def schedule_timer(self, timer: Timer) -> None:
+        """Schedule a timer of the tenant's execution."""
+        self._check_open()
+        await self._call(self._timer_store().schedule_timer(self._scope_timer(timer)))
+
+    async def claim_due_timers(
+        self, now: float, *, owner: str, lease: float, limit: int = 100, prefix: str = ""
+    ) -> list[Timer]:
+        """Claim only this tenant's due timers (ids unscoped); ``prefix`` is the tenant's."""
+        self._check_open()
+        claimed = await self._call(
+            self._timer_store().claim_due_timers(
+                now, owner=owner, lease=lease, limit=limit, prefix=self._prefix + prefix
+            )
+        )
+        return [dataclasses.replace(t, execution_id=self._unscope(t.execution_id)) for t in claimed]
+
+    async def complete_timer(self, timer: Timer) -> None:
+        """Delete a fired timer of the tenant's execution."""
+        await self._call(self._timer_store().complete_timer(self._scope_timer(timer)))
+
+    async def cancel_timers(self, execution_id: str) -> int:
+        """Delete the pending timers of the tenant's execution."""
+        return await self._call(self._timer_store().cancel_timers(self._scope(execution_id)))
+
+    async def next_timer_due(self, prefix: str = "") -> float | None:
+        """The earliest due time among this tenant's timers."""
+        return await self._call(self._timer_store().next_timer_due(self._prefix + prefix))
 
     def __repr__(self) -> str:
         return f"TenantScopedEventStore({self.store!r}, tenant={self.tenant!r})"
