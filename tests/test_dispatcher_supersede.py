@@ -174,12 +174,8 @@ async def _run_reverted(case: Any, tmp_path: Path, view: Any = lambda s: s) -> i
         await arena.close()
 
 
-async def test_reverting_the_dispatcher_checks_restores_5_6_18(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    import loom.placement.dispatchers as dispatchers
-
-    monkeypatch.setattr(dispatchers, "is_superseded_refusal", lambda err, eid: False)
+async def _seed_race_counts(tmp_path: Path, view: Any = lambda s: s) -> list[int]:
+    """Effect counts of the seed's three races, each of which must now fail its test."""
     counts = []
     for i, case in enumerate(
         [
@@ -190,8 +186,17 @@ async def test_reverting_the_dispatcher_checks_restores_5_6_18(
     ):
         sub = tmp_path / str(i)
         sub.mkdir()
-        counts.append(await _run_reverted(case, sub))
-    assert counts == [5, 6, 18]
+        counts.append(await _run_reverted(case, sub, view))
+    return counts
+
+
+async def test_reverting_the_dispatcher_checks_restores_5_6_18(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import loom.placement.dispatchers as dispatchers
+
+    monkeypatch.setattr(dispatchers, "is_superseded_refusal", lambda err, eid: False)
+    assert await _seed_race_counts(tmp_path) == [5, 6, 18]
 
 
 async def test_reverting_the_start_fenced_out_cause_loses_the_start(
@@ -215,15 +220,5 @@ async def test_reverting_the_tenant_unscoping_fails_the_tenant_variants(
 ) -> None:
     # Refusals would name the scoped key ("acme:pay-7"): the predicate must not match them.
     monkeypatch.setattr(TenantScopedEventStore, "_tenant_error", lambda self, err: err)
-    counts = []
-    for i, case in enumerate(
-        [
-            test_sequence_zero_race_runs_the_effect_once,
-            test_duplicate_dispatch_after_bootstrap_runs_it_twice,
-            test_supervised_stack_runs_it_twice_with_circuit_closed,
-        ]
-    ):
-        sub = tmp_path / str(i)
-        sub.mkdir()
-        counts.append(await _run_reverted(case, sub, lambda s: TenantScopedEventStore(s, "acme")))
-    assert counts == [5, 6, 18]
+    tenant_view = lambda s: TenantScopedEventStore(s, "acme")  # noqa: E731
+    assert await _seed_race_counts(tmp_path, tenant_view) == [5, 6, 18]
