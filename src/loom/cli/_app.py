@@ -89,7 +89,9 @@ def load_flows(spec: str | None) -> list[Flow[Any, Any]]:
 
 
 def _runtime(db: str, flows: list[Flow[Any, Any]] | None = None) -> WorkflowRuntime:
-    runtime = WorkflowRuntime(SQLiteStore(db))
+    # A CLI process lives for one command: it must not claim other executions' due timers and
+    # then exit halfway through waking them. Long-lived runtimes (workers) fire timers.
+    runtime = WorkflowRuntime(SQLiteStore(db), timers=False)
     if flows:
         runtime.register(*flows)
     return runtime
