@@ -29,6 +29,9 @@ class RecoveryReport:
     settled: list[str] = field(default_factory=list)
     #: the resume raised; left for the next pass, with the error
     left: dict[str, BaseException] = field(default_factory=dict)
+    #: recovered ``max_recoveries`` times already (a poison execution that keeps killing its
+    #: holder): left running for an operator (``loom show`` / ``loom cancel`` / ``loom recover``)
+    parked: list[str] = field(default_factory=list)
     #: final states of the recovered executions, when the pass waited for them
     outcomes: dict[str, ExecutionState] = field(default_factory=dict)
 
@@ -43,6 +46,7 @@ async def recover_abandoned(
     source: AsyncIterable[str] | None = None,
     wait: bool = True,
     timeout: float | None = None,
+    max_recoveries: int | None = None,
 ) -> RecoveryReport:
     """Continue running/pending executions that ``is_abandoned`` claims have no live holder.
 
@@ -58,6 +62,11 @@ async def recover_abandoned(
     skipped), and recovers it through the same EXECUTION_RECOVERED path a redispatch uses.
     A recovery that raises is left for the next pass. With ``wait`` the pass waits until each
     recovered execution suspends or ends.
+
+    ``max_recoveries`` parks poison executions: one already recovered that many times (its
+    ``EXECUTION_RECOVERED`` events count them, so the limit holds across passes and processes)
+    is reported as ``parked`` and not recovered again, so a step that kills every holder cannot
+    take healthy executions' workers down with it forever.
     """
     report = RecoveryReport()
     handles: dict[str, ExecutionHandle[Any]] = {}
@@ -72,6 +81,14 @@ async def recover_abandoned(
                 verdict = await verdict
             if not verdict:
                 report.not_claimed.append(execution_id)
+                continue
+            if max_recoveries is not None and state.recoveries >= max_recoveries:
+                log.warning(
+                    "recover_abandoned parked %s: recovered %d times already",
+                    execution_id,
+                    state.recoveries,
+                )
+                report.parked.append(execution_id)
                 continue
             fresh = await runtime.load_state(execution_id)
             if fresh is None or fresh.status not in _LIVE:
