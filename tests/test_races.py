@@ -306,3 +306,147 @@ def test_cli_refuses_hostile_json_with_a_typed_error(tmp_path: Path) -> None:
         )
         assert out.exit_code == 1
         assert json.loads(out.stdout)["error"]["code"] == "payload"
+
+
+# ---------------------------------------------------------------- second review
+
+
+async def test_a_dispatched_wake_never_drops_a_timer_whose_wait_is_not_logged() -> None:
+    clock = SkippingClock()
+    store = loom.InMemoryStore()
+    rt = loom.WorkflowRuntime(store, clock=clock, timers=False)
+    gate = asyncio.Event()
+
+    @loom.step(id="hold")
+    async def hold() -> None:
+        await gate.wait()
+
+    @loom.flow(id="sleeper2", version="1")
+    async def sleeper2(ctx: loom.WorkflowContext) -> str:
+        await ctx.run(hold)
+        await ctx.sleep(5)
+        return "woke"
+
+    rt.register(sleeper2)
+    handle = await rt.start(sleeper2, execution_id="d")
+    await store.schedule_timer(Timer("d", 1, clock.now(), "sleep", "sleeper2"))
+    service = dispatching_timer_service(store, LocalDispatcher(LocalWorkerRuntime(rt)), clock=clock)
+    await service.run_due()
+    assert await store.next_timer_due() is not None  # handed back, not deleted
+    gate.set()
+    await handle.settled(timeout=10)
+    clock.advance(10)
+    await service.run_due()
+    assert await rt.handle("d").result(timeout=10) == "woke"
+    await rt.close()
+
+
+async def test_a_duplicate_resume_package_never_takes_over_the_live_holder(
+    tmp_path: Path,
+) -> None:
+    from loom.placement import ExecutionPackage, ResumeEvent
+
+    effects: list[str] = []
+    release = asyncio.Event()
+    rt = loom.WorkflowRuntime(SQLiteStore(tmp_path / "dup.db"))
+    rt.register(gated_flow(effects, release))
+    dispatcher = LocalDispatcher(LocalWorkerRuntime(rt))
+    start = ExecutionPackage(execution_id="g", flow_id="gated")
+    assert (await dispatcher.dispatch(start)).status is ExecutionStatus.SUSPENDED
+    resume = ExecutionPackage(
+        execution_id="g", flow_id="gated", resume_event=ResumeEvent("Go", {"ok": True})
+    )
+    first = asyncio.ensure_future(dispatcher.dispatch(resume))
+    while effects != ["after-gate"]:
+        await asyncio.sleep(0)
+    duplicate = await dispatcher.dispatch(resume)  # e.g. a double-clicked approval
+    assert duplicate.status is ExecutionStatus.RUNNING  # reported, nothing taken over
+    release.set()
+    assert (await first).status is ExecutionStatus.COMPLETED
+    assert effects == ["after-gate"]
+    await rt.close()
+
+
+async def test_a_sleep_cannot_be_resumed_early() -> None:
+    clock = SkippingClock()
+    rt = loom.WorkflowRuntime(loom.InMemoryStore(), clock=clock, timers=False)
+
+    @loom.flow(id="nap", version="1")
+    async def nap(ctx: loom.WorkflowContext) -> None:
+        await ctx.sleep(30 * 86400)
+
+    rt.register(nap)
+    await (await rt.start(nap, execution_id="n")).settled(timeout=10)
+    with pytest.raises(NotWaitingError, match="durable sleep"):
+        await rt.resume("n", "loom.timer", None)
+    await rt.close()
+
+
+@pytest.mark.parametrize("bad", ["a\\ud800b", "", "x" * 300, "tab\\there"])
+async def test_every_entry_point_refuses_bad_ids_with_a_typed_error(
+    bad: str, tmp_path: Path
+) -> None:
+    bad = bad.encode().decode("unicode_escape", "surrogatepass")
+    rt = loom.WorkflowRuntime(SQLiteStore(tmp_path / "ids.db"))
+    for call in (
+        rt.load_state(bad),
+        rt.recover(bad),
+        rt.cancel(bad),
+        rt.resume(bad, "Go", None),
+        rt.fire_timer(bad, 0),
+    ):
+        with pytest.raises(loom.LoomError):
+            await call
+    await rt.close()
+
+
+async def test_an_unstorable_flow_output_fails_the_execution() -> None:
+    rt = loom.WorkflowRuntime(loom.InMemoryStore())
+
+    @loom.flow(id="huge", version="1")
+    async def huge(ctx: loom.WorkflowContext) -> str:
+        return "x" * 2_000_000
+
+    rt.register(huge)
+    with pytest.raises(loom.ExecutionFailedError, match="limit"):
+        await (await rt.start(huge, execution_id="h")).result(timeout=10)
+    state = await rt.load_state("h")
+    assert state is not None and state.status is ExecutionStatus.FAILED
+    await rt.close()
+
+
+class SlowSnapshots:
+    """A store view whose first snapshot write waits for a signal."""
+
+    def __init__(self, inner: Store) -> None:
+        self.inner = inner
+        self.entered = asyncio.Event()
+        self.release = asyncio.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def save_snapshot(self, snapshot: Any) -> None:
+        if not self.entered.is_set():
+            self.entered.set()
+            await self.release.wait()
+        await self.inner.save_snapshot(snapshot)
+
+
+async def test_a_resume_while_the_suspending_driver_finishes_up_is_followed() -> None:
+    store = SlowSnapshots(loom.InMemoryStore())
+    rt = loom.WorkflowRuntime(store, timers=False)  # type: ignore[arg-type]
+
+    @loom.flow(id="asks", version="1", resume_schemas={"Go": Decision})
+    async def asks(ctx: loom.WorkflowContext) -> str:
+        decision = await ctx.suspend("Go")
+        return f"got {decision.ok}"
+
+    rt.register(asks)
+    started = await rt.start(asks, execution_id="a")
+    await store.entered.wait()  # SUSPENDED is durable; the driver is writing its snapshot
+    resumed = await rt.resume("a", "Go", {"ok": True})
+    store.release.set()
+    assert await resumed.result(timeout=10) == "got True"
+    assert await started.result(timeout=10) == "got True"  # not a spurious supersession
+    await rt.close()

@@ -3,7 +3,7 @@ supervision), plus the one predicate every layer agrees on: is_superseded_refusa
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, runtime_checkable
 
 from loom.placement._wire import ExecutionPackage, ExecutionResult
@@ -14,11 +14,29 @@ __all__ = [
     "Health",
     "WorkerLease",
     "WorkerRuntime",
+    "is_redispatch",
     "is_superseded_refusal",
+    "mark_redispatch",
 ]
 
 #: 1.1.0: a dispatcher MUST NOT retry or redispatch on a superseded refusal (ADR 0004, L20).
 DISPATCHER_SPI_VERSION = "1.1.0"
+
+#: Set in a package's metadata by a dispatcher re-running a package after a failed attempt.
+REDISPATCH = "loom.redispatch"
+
+
+def mark_redispatch(package: ExecutionPackage) -> ExecutionPackage:
+    """The same package, marked as a retry after this dispatcher's own failed attempt: the
+    worker may then take over a running execution that a resume left (ADR 0004)."""
+    if package.metadata.get(REDISPATCH):
+        return package
+    return replace(package, metadata={**package.metadata, REDISPATCH: True})
+
+
+def is_redispatch(package: ExecutionPackage) -> bool:
+    return bool(package.metadata.get(REDISPATCH))
+
 
 _SUPERSEDED_NAMES = frozenset(
     {"ExecutionAlreadyExistsError", "StaleFenceError", "ExecutionSupersededError"}

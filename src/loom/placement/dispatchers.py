@@ -13,6 +13,7 @@ from loom.placement._spi import (
     Health,
     WorkerRuntime,
     is_superseded_refusal,
+    mark_redispatch,
 )
 from loom.placement._wire import ExecutionPackage, ExecutionResult
 from loom.runtime import Clock, SystemClock
@@ -75,7 +76,8 @@ class LocalDispatcher:
         last: BaseException | None = None
         for attempt in range(1, self.max_attempts + 1):
             self.attempts += 1
-            task = asyncio.ensure_future(self._attempt(package))
+            attempt_package = package if attempt == 1 else mark_redispatch(package)
+            task = asyncio.ensure_future(self._attempt(attempt_package))
             self._in_flight.setdefault(eid, set()).add(task)
             try:
                 return await task
@@ -188,6 +190,7 @@ class SupervisingDispatcher:
                     raise
                 restarts += 1
                 self.restarts += 1
+                package = mark_redispatch(package)
                 log.warning(
                     "restarting dispatch of %s (%d/%d): %r", eid, restarts, self.max_restarts, exc
                 )

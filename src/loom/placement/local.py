@@ -7,7 +7,7 @@ from typing import Any
 
 from loom.errors import ExecutionNotFoundError, NotWaitingError, StorageError
 from loom.model import ExecutionStatus
-from loom.placement._spi import Health, WorkerLease
+from loom.placement._spi import Health, WorkerLease, is_redispatch
 from loom.placement._wire import ExecutionPackage, ExecutionResult, ResumeEvent
 from loom.runtime import ExecutionHandle, WorkflowRuntime
 from loom.storage import Timer
@@ -109,6 +109,11 @@ class LocalWorkerRuntime:
                 state = await rt.load_state(eid) or state
                 return ExecutionResult.from_state(state)
         elif state.status in (ExecutionStatus.RUNNING, ExecutionStatus.PENDING):
+            if package.resume_event is not None and not is_redispatch(package):
+                # The decision was applied already and someone is driving: a duplicate or
+                # late resume must not take over the live holder. Only a dispatcher's retry
+                # after its own failed attempt (the holder died mid-resume) recovers it.
+                return ExecutionResult.from_state(state)
             fence = lease.fence or await rt.store.acquire_fence(eid)
             handle = await rt.recover(eid, fence=fence)
         else:

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 from loom.errors import LoomError
-from loom.model import ExecutionStatus
 from loom.placement._spi import ExecutionDispatcher, is_superseded_refusal
 from loom.placement.local import timer_package
 from loom.runtime.timers import TimerService, WakeOutcome
@@ -37,12 +36,10 @@ def dispatching_timer_service(
             # A sleep ends only by its timer; a gate also by a decision, which is not ours.
             timed_out = isinstance(op.output, dict) and bool(op.output.get("timed_out"))
             return WakeOutcome.FIRED if op.kind == "timer" or timed_out else WakeOutcome.STALE
-        if (
-            state.status is ExecutionStatus.SUSPENDED
-            and state.waiting is not None
-            and state.waiting.position == timer.position
-        ):
-            return WakeOutcome.EARLY  # still waiting there: the worker found it not yet due
-        return WakeOutcome.STALE
+        if state.is_terminal:
+            return WakeOutcome.STALE
+        # Still waiting (not due by the worker's clock), or the wait is not logged yet (its
+        # timer is stored first): hand the timer back for a later try, never drop it.
+        return WakeOutcome.EARLY
 
     return TimerService(store, wake, **options)

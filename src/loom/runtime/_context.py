@@ -321,6 +321,8 @@ class WorkflowContext:
         raise SuspendExecution(event_type)
 
     async def _schedule(self, timer: Timer) -> None:
+        if self._driver.fenced_out is not None:
+            raise self._driver.fenced_out  # a zombie must not move the live holder's timer
         if self._driver.schedule_timer is None:
             raise ConfigurationError(
                 f"execution {self.execution_id!r} needs a durable timer, but this runtime's "

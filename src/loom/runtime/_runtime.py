@@ -164,6 +164,7 @@ class WorkflowRuntime:
     async def _load(
         self, execution_id: str, *, at_sequence: int | None = None
     ) -> tuple[ExecutionState | None, int]:
+        _check_id(execution_id)
         snap = await self.store.load_snapshot(execution_id)
         if snap is not None and (at_sequence is None or snap.sequence <= at_sequence):
             try:
@@ -310,6 +311,12 @@ class WorkflowRuntime:
     def _waiting_gate(self, state: ExecutionState, event_type: str) -> Gate:
         eid = state.execution_id
         gate = state.waiting
+        if event_type == TIMER_EVENT:
+            raise NotWaitingError(
+                f"{TIMER_EVENT!r} is a durable sleep of execution {eid!r}, not a gate: only its "
+                "timer ends it (never early)",
+                execution_id=eid,
+            )
         if (
             gate is not None
             and gate.event_type == event_type
@@ -557,8 +564,14 @@ class WorkflowRuntime:
     def _launch(self, driver: Driver, flow: Flow[Any, OutputT]) -> ExecutionHandle[OutputT]:
         eid = driver.state.execution_id
         replaced = self._drivers.get(eid)
-        if replaced is not None and replaced.task is not None and not replaced.done.is_set():
-            # The new holder fenced it out already; stop its in-flight effect too.
+        if (
+            replaced is not None
+            and replaced.task is not None
+            and not replaced.done.is_set()
+            and replaced.state.status is ExecutionStatus.RUNNING
+        ):
+            # The new holder fenced it out already; stop its in-flight effect too. (A driver
+            # whose suspension is already durable is only finishing up: it is left alone.)
             replaced.stop_reason = "replaced"
             replaced.task.cancel()
         self._drivers[eid] = driver
@@ -572,7 +585,14 @@ class WorkflowRuntime:
         try:
             outcome = await self._run_flow(driver, flow)
             if outcome is not None:
-                await driver.append([outcome])
+                try:
+                    await driver.append([outcome])
+                except PayloadError as exc:
+                    # The output itself cannot be stored (too large, too deep): record that as
+                    # the flow's failure, or every recovery would stop at the same place.
+                    await driver.append(
+                        [(EventType.EXECUTION_FAILED, {"error": error_record(exc)})]
+                    )
         except StaleFenceError as exc:
             driver.error = await self._fenced_out_error(eid, exc)
         except asyncio.CancelledError:
