@@ -145,9 +145,15 @@ async def _serve(
     port_file: Path | None,
     log_level: str,
 ) -> None:
-    import uvicorn
+    try:
+        import uvicorn
 
-    from loom.placement.http import create_worker_app
+        from loom.placement.http import create_worker_app
+    except ImportError as exc:
+        raise ConfigurationError(
+            f"the HTTP worker needs the 'server' extra ({exc.name} is not installed)",
+            hint="pip install 'loom-runtime[server]'",
+        ) from exc
 
     runtime = await load_runtime(app_spec)
     app = create_worker_app(
