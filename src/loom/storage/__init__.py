@@ -34,7 +34,12 @@ __all__ = [
 def __getattr__(name: str) -> object:
     # PostgresStore needs the optional psycopg extra: import it only when asked for.
     if name == "PostgresStore":
-        from loom.storage.postgres import PostgresStore
-
+        try:
+            from loom.storage.postgres import PostgresStore
+        except ImportError as exc:
+            raise ImportError(
+                f"PostgresStore needs the 'postgres' extra ({exc.name} is not installed): "
+                "pip install 'loom-runtime[postgres]'"
+            ) from exc
         return PostgresStore
     raise AttributeError(f"module 'loom.storage' has no attribute {name!r}")
