@@ -90,21 +90,28 @@ async def test_a_losing_resume_never_fences_out_the_winner(tmp_path: Path) -> No
     await winner.close()
 
 
-async def test_a_timer_stored_before_its_wait_is_logged_is_not_lost() -> None:
-    clock = SkippingClock()
-    rt = loom.WorkflowRuntime(loom.InMemoryStore(), clock=clock, timers=False)
-    gate = asyncio.Event()
+def held_sleeper(flow_id: str, gate: asyncio.Event) -> loom.Flow[Any, str]:
+    """A flow whose step 0 waits on ``gate`` and whose position 1 is a durable sleep: a test
+    can store position 1's timer while the wait is not logged yet."""
 
     @loom.step(id="hold")
     async def hold() -> None:
         await gate.wait()
 
-    @loom.flow(id="sleeper", version="1")
+    @loom.flow(id=flow_id, version="1")
     async def sleeper(ctx: loom.WorkflowContext) -> str:
         await ctx.run(hold)
         await ctx.sleep(5)
         return "woke"
 
+    return sleeper
+
+
+async def test_a_timer_stored_before_its_wait_is_logged_is_not_lost() -> None:
+    clock = SkippingClock()
+    rt = loom.WorkflowRuntime(loom.InMemoryStore(), clock=clock, timers=False)
+    gate = asyncio.Event()
+    sleeper = held_sleeper("sleeper", gate)
     rt.register(sleeper)
     handle = await rt.start(sleeper, execution_id="s")
     # The timer of position 1 is stored but its wait is not in the log yet (the holder is
@@ -316,17 +323,7 @@ async def test_a_dispatched_wake_never_drops_a_timer_whose_wait_is_not_logged() 
     store = loom.InMemoryStore()
     rt = loom.WorkflowRuntime(store, clock=clock, timers=False)
     gate = asyncio.Event()
-
-    @loom.step(id="hold")
-    async def hold() -> None:
-        await gate.wait()
-
-    @loom.flow(id="sleeper2", version="1")
-    async def sleeper2(ctx: loom.WorkflowContext) -> str:
-        await ctx.run(hold)
-        await ctx.sleep(5)
-        return "woke"
-
+    sleeper2 = held_sleeper("sleeper2", gate)
     rt.register(sleeper2)
     handle = await rt.start(sleeper2, execution_id="d")
     await store.schedule_timer(Timer("d", 1, clock.now(), "sleep", "sleeper2"))
