@@ -6,6 +6,12 @@ from loom.testing._dispatcher_conformance import (
     DISPATCHER_CHECKS,
     run_execution_dispatcher_conformance,
 )
+from loom.testing._llm_conformance import (
+    LLM_CHECKS,
+    WEATHER_TOOL,
+    conformance_responder,
+    run_llm_provider_conformance,
+)
 from loom.testing._replayer import replay_flow
 from loom.testing._store_conformance import (
     STORE_CHECKS,
@@ -18,14 +24,18 @@ from loom.testing._timeskip import TimeSkippingEnvironment
 
 __all__ = [
     "DISPATCHER_CHECKS",
+    "LLM_CHECKS",
     "STORE_CHECKS",
     "TIMER_CHECKS",
+    "WEATHER_TOOL",
     "SkippingClock",
     "StoreFactory",
     "TimeSkippingEnvironment",
+    "conformance_responder",
     "replay_flow",
     "run_event_store_conformance",
     "run_execution_dispatcher_conformance",
+    "run_llm_provider_conformance",
     "run_store_check",
     "run_timer_store_conformance",
 ]
