@@ -35,6 +35,7 @@ EXPECTED = {
     "StepFailedError",
     "StepInfo",
     "SystemClock",
+    "UnknownEventError",
     "WorkflowContext",
     "WorkflowRuntime",
     "__version__",
@@ -44,6 +45,7 @@ EXPECTED = {
     "flow",
     "handler",
     "recover_abandoned",
+    "register_event",
     "replay",
     "step",
 }

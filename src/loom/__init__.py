@@ -20,8 +20,16 @@ from loom.errors import (
     NotWaitingError,
     ResumeValidationError,
     StepFailedError,
+    UnknownEventError,
 )
-from loom.model import Envelope, EventType, ExecutionState, ExecutionStatus, replay
+from loom.model import (
+    Envelope,
+    EventType,
+    ExecutionState,
+    ExecutionStatus,
+    register_event,
+    replay,
+)
 from loom.runtime import (
     Clock,
     ExecutionHandle,
@@ -70,6 +78,7 @@ __all__ = [
     "StepFailedError",
     "StepInfo",
     "SystemClock",
+    "UnknownEventError",
     "WorkflowContext",
     "WorkflowRuntime",
     "__version__",
@@ -79,6 +88,7 @@ __all__ = [
     "flow",
     "handler",
     "recover_abandoned",
+    "register_event",
     "replay",
     "step",
 ]

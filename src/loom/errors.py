@@ -14,6 +14,7 @@ The tree::
     │   ├── NotWaitingError                not suspended on that event
     │   └── GateTimedOutError              the gate's timeout already fired
     ├── NonDeterminismError                replay asked for a different operation
+    ├── UnknownEventError                  an event type this process cannot fold
     ├── StepFailedError                    a step exhausted its retry policy
     ├── ExecutionFailedError               the flow raised; carries the recorded error
     ├── ExecutionCancelledError            the execution was cancelled
@@ -72,6 +73,7 @@ __all__ = [
     "StepFailedError",
     "StorageError",
     "StorageWriteError",
+    "UnknownEventError",
     "WireFormatError",
     "error_from_dict",
 ]
@@ -182,6 +184,21 @@ class NonDeterminismError(LoomError):
     default_hint = (
         "The flow's code changed under a running execution; deploy the change as a new flow "
         "version and keep the old version registered until its executions finish"
+    )
+
+
+class UnknownEventError(LoomError):
+    """The log holds an event type no reducer is registered for in this process.
+
+    Not corruption: the record is intact (its checksum passed). It was written by a newer Loom
+    or by an extension (``agents.*``, ``branches.*``) this process has not imported. ``details``
+    carries the ``sequence`` and the ``event_type``.
+    """
+
+    code = "unknown_event"
+    default_hint = (
+        "Upgrade Loom, or import the extension that registers this event type "
+        "(loom.register_event) in this process; nothing was changed"
     )
 
 
@@ -340,6 +357,7 @@ _BY_NAME: dict[str, type[LoomError]] = {
         NotWaitingError,
         GateTimedOutError,
         NonDeterminismError,
+        UnknownEventError,
         StepFailedError,
         ExecutionFailedError,
         ExecutionCancelledError,

@@ -22,7 +22,7 @@ def _short(value: Any, limit: int = 70) -> str:
 def summarize(env: Envelope) -> str:
     """One line saying what an event recorded."""
     p = env.payload
-    t = env.type.value
+    t = str(env.type)
     if t == "EXECUTION_STARTED":
         return f"{p.get('flow_id')} v{p.get('flow_version')} input={_short(p.get('input'), 50)}"
     if t in ("STEP_STARTED", "STEP_COMPLETED", "STEP_FAILED"):
@@ -59,7 +59,7 @@ def timeline_rows(envelopes: list[Envelope]) -> list[dict[str, Any]]:
     return [
         {
             "sequence": e.sequence,
-            "type": e.type.value,
+            "type": str(e.type),
             "recorded_at": e.recorded_at,
             "fence": e.fence,
             "summary": summarize(e),
@@ -89,7 +89,7 @@ def render_timeline(console: Console, envelopes: list[Envelope], title: str) -> 
             str(e.sequence),
             _when(e.recorded_at),
             str(e.fence),
-            f"[{styles.get(e.type.value, 'cyan')}]{e.type.value}[/]",
+            f"[{styles.get(str(e.type), 'cyan')}]{e.type!s}[/]",
             summarize(e),
         )
     console.print(table)

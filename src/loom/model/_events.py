@@ -1,4 +1,4 @@
-"""Envelopes and event types: the append-only log's vocabulary."""
+"""Envelopes and Loom's built-in event types: the append-only log's records."""
 
 from __future__ import annotations
 
@@ -9,12 +9,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from loom.errors import UnknownEventError
 from loom.model._codec import DEFAULT_LIMITS, PayloadLimits, checksum, encode_json
+from loom.model._registry import event_type_of, lookup
 
 __all__ = ["TERMINAL_STATUSES", "Envelope", "EventType", "ExecutionStatus", "new_envelope_id"]
 
 
 class EventType(enum.StrEnum):
+    """Loom's own event types. An envelope's ``type`` is one of these members for a built-in
+    event, or the registered name of an extension's event (see :func:`register_event`)."""
+
     EXECUTION_STARTED = "EXECUTION_STARTED"
     STEP_STARTED = "STEP_STARTED"
     STEP_COMPLETED = "STEP_COMPLETED"
@@ -59,25 +64,30 @@ def new_envelope_id() -> str:
 class Envelope:
     """One immutable record of the log.
 
-    ``payload_json`` is the exact stored text of ``payload``; stores persist it verbatim and the
-    checksum covers it, so what was validated before the append is byte-for-byte what is read.
+    ``type`` is an :class:`EventType` member for Loom's own events and the registered name
+    (``"agents.model_called"``) for an extension's. ``payload`` is the stored JSON object and
+    ``payload_json`` its exact stored text; stores persist that verbatim and the checksum
+    covers it, so what was validated before the append is byte-for-byte what is read.
+    :attr:`event` is the payload as its registered type.
     """
 
     envelope_id: str
     execution_id: str
     sequence: int
-    type: EventType
+    type: str
     payload: Mapping[str, Any]
     recorded_at: float
     fence: int
     payload_json: str = field(repr=False, compare=False, default="")
+    #: The typed payload this envelope was built from (or decoded to), once known.
+    typed: Any = field(repr=False, compare=False, default=None)
 
     @classmethod
     def create(
         cls,
         execution_id: str,
         sequence: int,
-        type: EventType,
+        type: str,
         payload: Mapping[str, Any],
         *,
         fence: int,
@@ -85,25 +95,70 @@ class Envelope:
         envelope_id: str | None = None,
         limits: PayloadLimits = DEFAULT_LIMITS,
     ) -> Envelope:
-        """Build an envelope, encoding (and so validating) its payload up front."""
-        text = encode_json(payload, limits=limits, what=f"{type} payload")
+        """Build an envelope from a wire payload, encoding (and so validating) it up front."""
+        kind = as_event_type(type)
+        text = encode_json(payload, limits=limits, what=f"{kind} payload")
         return cls(
             envelope_id or new_envelope_id(),
             execution_id,
             sequence,
-            type,
+            kind,
             payload,
             recorded_at,
             fence,
             text,
         )
 
+    @classmethod
+    def of(
+        cls,
+        execution_id: str,
+        sequence: int,
+        event: Any,
+        *,
+        fence: int,
+        recorded_at: float,
+        envelope_id: str | None = None,
+        limits: PayloadLimits = DEFAULT_LIMITS,
+    ) -> Envelope:
+        """Build an envelope from a typed payload of a registered event type."""
+        kind = event_type_of(event)
+        wire = event.to_wire()
+        text = encode_json(wire, limits=limits, what=f"{kind} payload")
+        return cls(
+            envelope_id or new_envelope_id(),
+            execution_id,
+            sequence,
+            kind,
+            wire,
+            recorded_at,
+            fence,
+            text,
+            event,
+        )
+
+    @property
+    def event(self) -> Any:
+        """The payload as its registered type.
+
+        Raises :class:`UnknownEventError` when no payload type is registered for ``type``, and
+        ``KeyError``/``TypeError``/``ValueError`` for a payload its type cannot read.
+        """
+        typed = self.typed
+        if typed is None:
+            entry = lookup(self.type)
+            if entry is None:
+                raise unknown_event(self.execution_id, self.sequence, self.type)
+            typed = entry.payload_type.from_wire(self.payload)
+            object.__setattr__(self, "typed", typed)
+        return typed
+
     def checksum(self) -> str:
         return checksum(
             self.envelope_id,
             self.execution_id,
             str(self.sequence),
-            self.type.value,
+            str(self.type),
             self.payload_json,
             repr(self.recorded_at),
             str(self.fence),
@@ -117,7 +172,7 @@ class Envelope:
         return cls.create(
             str(data["execution_id"]),
             int(data["sequence"]),
-            EventType(data["type"]),
+            str(data["type"]),
             dict(data["payload"]),
             fence=int(data["fence"]),
             recorded_at=float(data["recorded_at"]),
@@ -130,8 +185,23 @@ class Envelope:
             "envelope_id": self.envelope_id,
             "execution_id": self.execution_id,
             "sequence": self.sequence,
-            "type": self.type.value,
+            "type": str(self.type),
             "payload": dict(self.payload),
             "recorded_at": self.recorded_at,
             "fence": self.fence,
         }
+
+
+def as_event_type(name: str) -> str:
+    """``name`` as its :class:`EventType` member when it is a built-in type, else as given."""
+    return EventType._value2member_map_.get(name, name)  # type: ignore[return-value]
+
+
+def unknown_event(execution_id: str, sequence: int, type: str) -> UnknownEventError:
+    return UnknownEventError(
+        f"event {sequence} of execution {execution_id!r} has type {type!r}, which this "
+        "process cannot fold: it was written by a newer Loom or an unregistered extension",
+        execution_id=execution_id,
+        sequence=sequence,
+        event_type=type,
+    )

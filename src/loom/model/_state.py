@@ -1,38 +1,87 @@
-"""ExecutionState and the pure fold ``replay(envelopes) -> ExecutionState`` (no I/O)."""
+"""ExecutionState: what the fold of one execution's log says (no I/O)."""
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable
+import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-from loom.errors import CorruptEventError
-from loom.model._events import TERMINAL_STATUSES, Envelope, EventType, ExecutionStatus
+from loom.model._events import TERMINAL_STATUSES, ExecutionStatus
 
-__all__ = ["ExecutionState", "Gate", "OpRecord", "apply_event", "replay"]
+__all__ = ["ExecutionState", "Gate", "OpKind", "OpRecord", "OpStatus", "WaitOutcome"]
+
+
+class OpKind(enum.StrEnum):
+    """What kind of operation the log records at a position.
+
+    Replay compares ``(kind, name)`` with what the code asks for at each position. An
+    extension's reducer may record its own kinds (a namespaced string) next to these.
+    """
+
+    STEP = "step"
+    GATE = "gate"
+    TIMER = "timer"
+    DECISION = "decision"
+    UI = "ui"
+
+
+class OpStatus(enum.StrEnum):
+    """Where an operation stands: a step is ``started``, ``retrying``, ``completed`` or
+    ``failed`` (for good); a gate or sleep is ``scheduled``, ``waiting`` then ``resolved``;
+    decisions and UI patches are ``completed`` when recorded."""
+
+    STARTED = "started"
+    RETRYING = "retrying"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    SCHEDULED = "scheduled"
+    WAITING = "waiting"
+    RESOLVED = "resolved"
+
+
+class WaitOutcome(enum.StrEnum):
+    """How a resolved wait ended: a gate ``decided`` or ``timed_out``; a sleep ``elapsed``."""
+
+    DECIDED = "decided"
+    TIMED_OUT = "timed_out"
+    ELAPSED = "elapsed"
+
+
+def _kind(value: str) -> str:
+    return OpKind._value2member_map_.get(value, value)  # type: ignore[return-value]
 
 
 @dataclass(slots=True)
 class OpRecord:
     """What the log holds for one position of the flow: a step, gate, decision, UI patch or timer.
 
-    ``kind`` and ``name`` are what replay compares against the code; ``status`` is one of
-    ``completed``, ``failed``, ``waiting``, ``resolved`` or ``scheduled``.
+    ``kind`` (an :class:`OpKind` for Loom's own operations) and ``name`` are what replay
+    compares against the code; ``status`` is an :class:`OpStatus`. A resolved wait's ``output``
+    is ``{"payload": ..., "timed_out": ...}``; read how it ended from :attr:`outcome`.
     """
 
     kind: str
     name: str
-    status: str
+    status: OpStatus
     output: Any = None
     error: dict[str, Any] | None = None
     attempts: int = 0
 
+    @property
+    def outcome(self) -> WaitOutcome | None:
+        """How this wait ended, or None for an operation that is not a resolved wait."""
+        if self.status is not OpStatus.RESOLVED:
+            return None
+        if isinstance(self.output, dict) and self.output.get("timed_out"):
+            return WaitOutcome.TIMED_OUT
+        return WaitOutcome.ELAPSED if self.kind == OpKind.TIMER else WaitOutcome.DECIDED
+
     def to_dict(self) -> dict[str, Any]:
         return {
-            "kind": self.kind,
+            "kind": str(self.kind),
             "name": self.name,
-            "status": self.status,
+            "status": self.status.value,
             "output": self.output,
             "error": self.error,
             "attempts": self.attempts,
@@ -41,9 +90,9 @@ class OpRecord:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> OpRecord:
         return cls(
-            d["kind"],
+            _kind(str(d["kind"])),
             d["name"],
-            d["status"],
+            OpStatus(d["status"]),
             d.get("output"),
             d.get("error"),
             int(d.get("attempts", 0)),
@@ -103,7 +152,11 @@ class ExecutionState:
 
     @property
     def completed_steps(self) -> int:
-        return sum(1 for op in self.ops.values() if op.kind == "step" and op.status == "completed")
+        return sum(
+            1
+            for op in self.ops.values()
+            if op.kind == OpKind.STEP and op.status is OpStatus.COMPLETED
+        )
 
     def copy(self) -> ExecutionState:
         """An independent copy. JSON values are shared: the fold replaces them, never mutates
@@ -165,167 +218,3 @@ class ExecutionState:
             forked_from=d.get("forked_from"),
             metadata=dict(d.get("metadata") or {}),
         )
-
-
-def _bad(state: ExecutionState, env: Envelope, why: str) -> CorruptEventError:
-    return CorruptEventError(
-        f"cannot fold event {env.sequence} ({env.type}) of execution {state.execution_id!r}: {why}",
-        execution_id=state.execution_id,
-        sequence=env.sequence,
-    )
-
-
-def _pos(state: ExecutionState, env: Envelope) -> int:
-    pos = env.payload.get("position")
-    if not isinstance(pos, int) or pos < 0:
-        raise _bad(state, env, "payload has no valid 'position'")
-    return pos
-
-
-def apply_event(state: ExecutionState, env: Envelope) -> None:
-    """Fold one envelope into ``state`` in place. Total: anything unexpected raises."""
-    if env.execution_id != state.execution_id:
-        raise _bad(state, env, f"it belongs to execution {env.execution_id!r}")
-    if env.sequence != state.last_sequence + 1:
-        raise _bad(state, env, f"expected sequence {state.last_sequence + 1}")
-    t = env.type
-    p = env.payload
-    if env.sequence == 0:
-        if t is not EventType.EXECUTION_STARTED:
-            raise _bad(state, env, "sequence 0 must be EXECUTION_STARTED")
-    elif state.is_terminal:
-        raise _bad(state, env, f"the execution is already {state.status}")
-    if t is EventType.EXECUTION_STARTED:
-        if env.sequence != 0:
-            raise _bad(state, env, "EXECUTION_STARTED only at sequence 0")
-        state.flow_id = str(p["flow_id"])
-        state.flow_version = str(p.get("flow_version", ""))
-        state.input = p.get("input")
-        state.metadata = dict(p.get("metadata") or {})
-        state.status = ExecutionStatus.RUNNING
-        state.started_at = env.recorded_at
-    elif t is EventType.STEP_STARTED:
-        pos = _pos(state, env)
-        op = state.ops.get(pos)
-        if op is None:
-            state.ops[pos] = OpRecord(
-                "step", str(p["step_id"]), "started", attempts=int(p.get("attempt", 1))
-            )
-        elif op.status in ("completed",):
-            raise _bad(state, env, f"step at position {pos} already completed")
-        else:
-            op.attempts = int(p.get("attempt", op.attempts + 1))
-            op.status = "started"
-    elif t is EventType.STEP_COMPLETED:
-        pos = _pos(state, env)
-        op = state.ops.get(pos)
-        if op is not None and op.status == "completed":
-            raise _bad(state, env, f"step at position {pos} already completed")
-        state.ops[pos] = OpRecord(
-            "step", str(p["step_id"]), "completed", p.get("output"), None, int(p.get("attempt", 1))
-        )
-    elif t is EventType.STEP_FAILED:
-        pos = _pos(state, env)
-        op = state.ops.get(pos)
-        if op is not None and op.status == "completed":
-            raise _bad(state, env, f"step at position {pos} already completed")
-        state.ops[pos] = OpRecord(
-            "step",
-            str(p["step_id"]),
-            "failed" if p.get("final") else "retrying",
-            None,
-            p.get("error"),
-            int(p.get("attempt", 1)),
-        )
-    elif t is EventType.EXECUTION_SUSPENDED:
-        pos = _pos(state, env)
-        if p.get("timer"):
-            # A durable sleep: TIMER_SCHEDULED named the op; the suspension makes it wait.
-            op = state.ops.get(pos) or OpRecord("timer", "sleep", "scheduled")
-            op.status = "waiting"
-            state.ops[pos] = op
-        else:
-            state.ops[pos] = OpRecord("gate", str(p["event_type"]), "waiting")
-        state.waiting = Gate(
-            pos, str(p["event_type"]), p.get("correlation_key"), p.get("timeout_at")
-        )
-        state.status = ExecutionStatus.SUSPENDED
-    elif t in (EventType.EXECUTION_RESUMED, EventType.TIMER_FIRED):
-        pos = _pos(state, env)
-        op = state.ops.get(pos)
-        if op is None or op.status != "waiting":
-            raise _bad(state, env, f"nothing is waiting at position {pos}")
-        op.status = "resolved"
-        op.output = {"payload": p.get("payload"), "timed_out": bool(p.get("timed_out"))}
-        state.waiting = None
-        state.status = ExecutionStatus.RUNNING
-    elif t is EventType.EXECUTION_RECOVERED:
-        state.recoveries += 1
-        state.status = ExecutionStatus.RUNNING
-    elif t is EventType.TIMER_SCHEDULED:
-        pos = _pos(state, env)
-        state.ops[pos] = OpRecord(
-            "timer", str(p.get("name", "sleep")), "scheduled", {"fire_at": p.get("fire_at")}
-        )
-    elif t is EventType.DECISION_RECORDED:
-        pos = _pos(state, env)
-        state.ops[pos] = OpRecord("decision", str(p["name"]), "completed", p.get("value"))
-    elif t is EventType.UI_PATCHED:
-        pos = _pos(state, env)
-        op_name = str(p.get("op", "set"))
-        key = str(p["key"])
-        value = p.get("value")
-        if op_name == "merge" and isinstance(value, dict) and isinstance(state.ui.get(key), dict):
-            merged = dict(state.ui[key])
-            merged.update(value)
-            state.ui[key] = merged
-        elif op_name in ("set", "merge"):
-            state.ui[key] = value
-        else:
-            raise _bad(state, env, f"unknown UI op {op_name!r}")
-        state.ops[pos] = OpRecord("ui", key, "completed")
-    elif t is EventType.EXECUTION_FORKED:
-        state.forked_from = dict(p)
-    elif t is EventType.EXECUTION_COMPLETED:
-        state.status = ExecutionStatus.COMPLETED
-        state.output = p.get("output")
-        state.waiting = None
-    elif t is EventType.EXECUTION_FAILED:
-        state.status = ExecutionStatus.FAILED
-        state.error = p.get("error")
-        state.waiting = None
-    elif t is EventType.EXECUTION_CANCELLED:
-        state.status = ExecutionStatus.CANCELLED
-        state.cancel_reason = p.get("reason")
-        state.waiting = None
-    else:  # pragma: no cover - EventType is closed, but a new member must be folded explicitly
-        raise _bad(state, env, "unknown event type")
-    state.last_sequence = env.sequence
-    state.updated_at = env.recorded_at
-    state.fence = env.fence
-
-
-def replay(
-    envelopes: Iterable[Envelope],
-    *,
-    initial: ExecutionState | None = None,
-    execution_id: str | None = None,
-) -> ExecutionState:
-    """Fold ``envelopes`` (in sequence order) into a new :class:`ExecutionState`.
-
-    Pure: ``initial`` (a snapshot's state) is copied, never mutated. An out-of-order sequence,
-    an event after a terminal one or a malformed payload raises :class:`CorruptEventError`.
-    """
-    state: ExecutionState | None = initial.copy() if initial is not None else None
-    for env in envelopes:
-        if state is None:
-            state = ExecutionState(execution_id or env.execution_id)
-        try:
-            apply_event(state, env)
-        except (KeyError, TypeError, ValueError) as exc:
-            raise _bad(state, env, f"malformed payload ({exc!r})") from exc
-    if state is None:
-        if execution_id is None:
-            raise ValueError("replay() of no envelopes needs an execution_id")
-        state = ExecutionState(execution_id)
-    return state

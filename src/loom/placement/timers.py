@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from loom.errors import LoomError
+from loom.model import WaitOutcome
 from loom.placement._spi import ExecutionDispatcher, is_superseded_refusal
 from loom.placement.local import timer_package
 from loom.runtime.timers import TimerService, WakeOutcome
@@ -32,10 +33,10 @@ def dispatching_timer_service(
             raise
         state = result.folded
         op = state.ops.get(timer.position)
-        if op is not None and op.status == "resolved":
+        outcome = op.outcome if op is not None else None
+        if outcome is not None:
             # A sleep ends only by its timer; a gate also by a decision, which is not ours.
-            timed_out = isinstance(op.output, dict) and bool(op.output.get("timed_out"))
-            return WakeOutcome.FIRED if op.kind == "timer" or timed_out else WakeOutcome.STALE
+            return WakeOutcome.STALE if outcome is WaitOutcome.DECIDED else WakeOutcome.FIRED
         if state.is_terminal:
             return WakeOutcome.STALE
         # Still waiting (not due by the worker's clock), or the wait is not logged yet (its

@@ -19,7 +19,21 @@ from loom.errors import (
     PayloadError,
     StepFailedError,
 )
-from loom.model import EventType, OpRecord, encode_json
+from loom.model import (
+    DecisionRecorded,
+    EventPayload,
+    ExecutionSuspended,
+    OpKind,
+    OpRecord,
+    OpStatus,
+    StepCompleted,
+    StepFailed,
+    StepStarted,
+    TimerScheduled,
+    UIPatched,
+    WaitOutcome,
+    encode_json,
+)
 from loom.runtime._driver import Driver
 from loom.runtime._sdk import Flow, Step, StepInfo, _current_step, _seconds
 from loom.storage import Timer
@@ -121,6 +135,32 @@ class WorkflowContext:
         """True while the flow re-walks positions the log already holds."""
         return self._position in self._driver.state.ops
 
+    def claim_position(self, kind: str, name: str) -> tuple[int, OpRecord | None]:
+        """Take the next position for an operation of an extension's own ``kind``.
+
+        Returns the position and what the log recorded there (None on first execution). Replay
+        compares ``(kind, name)`` with the record and raises :class:`NonDeterminismError` on a
+        mismatch, exactly as for steps. Pair it with :meth:`record`: an extension whose
+        registered reducer records ``OpRecord(kind, name, ...)`` at that position gets
+        replay-safe operations of its own (see ``docs/events.md``).
+        """
+        return self._take_position(kind, name)
+
+    async def record(self, *events: EventPayload) -> None:
+        """Append events of registered types durably (one atomic write, with any buffered UI
+        patches) and fold them into the state before returning.
+
+        Raises :class:`ConfigurationError` for a payload whose type is not registered and
+        :class:`PayloadError` for one that cannot be stored; nothing is written then.
+        """
+        if not events:
+            return
+        await self._driver.append(list(events))
+
+    def recorded(self, position: int) -> OpRecord | None:
+        """What the log (as folded so far) holds at ``position``, if anything."""
+        return self._driver.state.ops.get(position)
+
     def _take_position(self, kind: str, name: str) -> tuple[int, OpRecord | None]:
         pos = self._position
         self._position += 1
@@ -163,15 +203,15 @@ class WorkflowContext:
         """
         if not isinstance(step, Step):
             raise TypeError(f"ctx.run() takes a @loom.step, not {step!r}")
-        pos, op = self._take_position("step", step.id)
+        pos, op = self._take_position(OpKind.STEP, step.id)
         attempt = 1
         if op is not None:
-            if op.status == "completed":
+            if op.status is OpStatus.COMPLETED:
                 result: R = replayed_value(
                     step.output, op.output, self, f"the output of step {step.id!r} at {pos}"
                 )
                 return result
-            if op.status == "failed":
+            if op.status is OpStatus.FAILED:
                 raise self._step_failed(step, pos, op.attempts, op.error or {})
             attempt = op.attempts + 1
         driver = self._driver
@@ -181,14 +221,7 @@ class WorkflowContext:
             info = StepInfo(self.execution_id, pos, attempt, step.id, driver.fence)
             started_at = driver.clock.now()
             if step.record_start:
-                await driver.append(
-                    [
-                        (
-                            EventType.STEP_STARTED,
-                            {"position": pos, "step_id": step.id, "attempt": attempt},
-                        )
-                    ]
-                )
+                await driver.append([StepStarted(pos, step.id, attempt)])
             token = _current_step.set(info)
             try:
                 faults.hit("before_effect")
@@ -203,20 +236,7 @@ class WorkflowContext:
                 _current_step.reset(token)
             faults.hit("after_effect_before_record")
             try:
-                await driver.append(
-                    [
-                        (
-                            EventType.STEP_COMPLETED,
-                            {
-                                "position": pos,
-                                "step_id": step.id,
-                                "attempt": attempt,
-                                "output": output,
-                                "started_at": started_at,
-                            },
-                        )
-                    ]
-                )
+                await driver.append([StepCompleted(pos, step.id, attempt, output, started_at)])
             except PayloadError as exc:
                 # The output is not storable (checked while building the record, before the
                 # store saw anything): a step failure, never a crash of the flow's driver.
@@ -231,20 +251,7 @@ class WorkflowContext:
         driver = self._driver
         final = not step.retry.should_retry(exc, attempt) or isinstance(exc, PayloadError)
         record = error_record(exc)
-        await driver.append(
-            [
-                (
-                    EventType.STEP_FAILED,
-                    {
-                        "position": pos,
-                        "step_id": step.id,
-                        "attempt": attempt,
-                        "error": record,
-                        "final": final,
-                    },
-                )
-            ]
-        )
+        await driver.append([StepFailed(pos, step.id, attempt, record, final)])
         if final:
             raise self._step_failed(step, pos, attempt, record) from exc
         await driver.clock.sleep(step.retry.backoff(attempt))
@@ -278,19 +285,19 @@ class WorkflowContext:
         ``timeout``, a gate whose deadline passes first raises :class:`GateTimedOutError`
         in the flow (which may catch it), and a later decision is refused.
         """
-        pos, op = self._take_position("gate", event_type)
+        pos, op = self._take_position(OpKind.GATE, event_type)
         if op is not None:
-            if op.status == "resolved":
-                out = op.output or {}
-                if out.get("timed_out"):
-                    raise GateTimedOutError(
-                        f"gate {event_type!r} at position {pos} timed out",
-                        execution_id=self.execution_id,
-                        event_type=event_type,
-                        position=pos,
-                    )
+            outcome = op.outcome
+            if outcome is WaitOutcome.TIMED_OUT:
+                raise GateTimedOutError(
+                    f"gate {event_type!r} at position {pos} timed out",
+                    execution_id=self.execution_id,
+                    event_type=event_type,
+                    position=pos,
+                )
+            if outcome is not None:
                 codec = self._flow.resume_schemas.get(event_type)
-                payload = out.get("payload")
+                payload = op.output.get("payload")
                 if codec is None:
                     return payload
                 return replayed_value(codec, payload, self, f"the decision of gate {event_type!r}")
@@ -304,17 +311,7 @@ class WorkflowContext:
                 Timer(self.execution_id, pos, timeout_at, "gate_timeout", self._flow.id)
             )
         await self._driver.append(
-            [
-                (
-                    EventType.EXECUTION_SUSPENDED,
-                    {
-                        "position": pos,
-                        "event_type": event_type,
-                        "correlation_key": correlation_key,
-                        "timeout_at": timeout_at,
-                    },
-                )
-            ]
+            [ExecutionSuspended(pos, event_type, correlation_key, timeout_at)]
         )
         await self._driver.try_snapshot()
         faults.hit("after_suspend_recorded")
@@ -343,25 +340,17 @@ class WorkflowContext:
         await self._sleep(lambda now: at)
 
     async def _sleep(self, fire_at_from: Callable[[float], float]) -> None:
-        pos, op = self._take_position("timer", "sleep")
+        pos, op = self._take_position(OpKind.TIMER, "sleep")
         if op is not None:
-            if op.status == "resolved":
+            if op.status is OpStatus.RESOLVED:
                 return
             raise SuspendExecution("sleep")
         fire_at = fire_at_from(self._driver.clock.now())
         await self._schedule(Timer(self.execution_id, pos, fire_at, "sleep", self._flow.id))
         await self._driver.append(
             [
-                (EventType.TIMER_SCHEDULED, {"position": pos, "name": "sleep", "fire_at": fire_at}),
-                (
-                    EventType.EXECUTION_SUSPENDED,
-                    {
-                        "position": pos,
-                        "event_type": TIMER_EVENT,
-                        "timer": True,
-                        "timeout_at": fire_at,
-                    },
-                ),
+                TimerScheduled(pos, fire_at, "sleep"),
+                ExecutionSuspended(pos, TIMER_EVENT, timeout_at=fire_at, timer=True),
             ]
         )
         await self._driver.try_snapshot()
@@ -373,16 +362,14 @@ class WorkflowContext:
     async def decide(self, name: str, compute: Callable[[], T | Awaitable[T]]) -> T:
         """Compute a value once (a random id, the current time, a branch), record it, and
         return the recorded value on every replay. The value must be JSON."""
-        pos, op = self._take_position("decision", name)
+        pos, op = self._take_position(OpKind.DECISION, name)
         if op is not None:
             recorded: T = op.output
             return recorded
         value = compute()
         if inspect.isawaitable(value):
             value = await value
-        await self._driver.append(
-            [(EventType.DECISION_RECORDED, {"position": pos, "name": name, "value": value})]
-        )
+        await self._driver.append([DecisionRecorded(pos, name, value)])
         return value
 
     async def now(self) -> datetime:
@@ -393,11 +380,9 @@ class WorkflowContext:
         return datetime.fromtimestamp(ts, UTC)
 
     def _ui_patch(self, op: str, key: str, value: Any) -> None:
-        pos, recorded = self._take_position("ui", key)
+        pos, recorded = self._take_position(OpKind.UI, key)
         if recorded is not None:
             return
         # Encode now so a bad value fails at the call site, not at a later unrelated append.
         encode_json(value, limits=self._driver.limits, what=f"ui value {key!r}")
-        self._driver.pending_ui.append(
-            (EventType.UI_PATCHED, {"position": pos, "op": op, "key": key, "value": value})
-        )
+        self._driver.pending_ui.append(UIPatched(pos, key, value, op))

@@ -5,10 +5,9 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
 
 from loom.errors import LoomError, StaleFenceError, StorageError, StorageWriteError
-from loom.model import Envelope, EventType, ExecutionState, PayloadLimits, apply_event
+from loom.model import Envelope, EventPayload, ExecutionState, PayloadLimits, UIPatched, apply_event
 from loom.runtime._clock import Clock
 from loom.runtime._observe import NO_OBSERVER, StepObserver
 from loom.storage import Snapshot, Store, Timer
@@ -65,7 +64,7 @@ class Driver:
         self.limits = limits
         self.last_snapshot = last_snapshot
         self.lock = asyncio.Lock()
-        self.pending_ui: list[tuple[EventType, dict[str, Any]]] = []
+        self.pending_ui: list[UIPatched] = []
         self.done = asyncio.Event()
         self.error: BaseException | None = None
         self.task: asyncio.Task[None] | None = None
@@ -78,25 +77,23 @@ class Driver:
         #: Why the runtime cancelled this driver's task ("cancelled" or "replaced"), if it did.
         self.stop_reason: str | None = None
 
-    def build(self, events: Sequence[tuple[EventType, dict[str, Any]]]) -> list[Envelope]:
+    def build(self, events: Sequence[EventPayload]) -> list[Envelope]:
         now = self.clock.now()
         base = self.state.last_sequence + 1
         eid = self.state.execution_id
         return [
-            Envelope.create(
-                eid, base + i, t, p, fence=self.fence, recorded_at=now, limits=self.limits
-            )
-            for i, (t, p) in enumerate(events)
+            Envelope.of(eid, base + i, e, fence=self.fence, recorded_at=now, limits=self.limits)
+            for i, e in enumerate(events)
         ]
 
-    async def append(self, events: Sequence[tuple[EventType, dict[str, Any]]]) -> None:
+    async def append(self, events: Sequence[EventPayload]) -> None:
         """Append ``events`` (after any buffered UI patches) in one atomic batch."""
         async with self.lock:
             if self.fenced_out is not None:
                 raise self.fenced_out
             pending, self.pending_ui = self.pending_ui, []
-            envelopes = self.build([*pending, *events])
             try:
+                envelopes = self.build([*pending, *events])
                 await _store_call(self.store.append(envelopes), self.state.execution_id)
             except StaleFenceError as exc:
                 if exc.execution_id == self.state.execution_id:
@@ -108,9 +105,7 @@ class Driver:
             self._applied(envelopes)
             await self.maybe_snapshot()
 
-    async def take_over(
-        self, events: Sequence[tuple[EventType, dict[str, Any]]], *, from_fence: int
-    ) -> None:
+    async def take_over(self, events: Sequence[EventPayload], *, from_fence: int) -> None:
         """Become the holder: advance the fence from ``from_fence`` and append ``events`` in
         one atomic write, or change nothing (StaleFenceError / DuplicateSequenceError /
         ExecutionAlreadyExistsError) when another holder moved first."""

@@ -30,11 +30,20 @@ from loom.errors import (
 )
 from loom.model import (
     DEFAULT_LIMITS,
-    EventType,
+    EventPayload,
+    ExecutionCancelled,
+    ExecutionCompleted,
+    ExecutionFailed,
+    ExecutionRecovered,
+    ExecutionResumed,
+    ExecutionStarted,
     ExecutionState,
     ExecutionStatus,
     Gate,
+    OpKind,
     PayloadLimits,
+    TimerFired,
+    WaitOutcome,
     new_envelope_id,
     replay,
 )
@@ -234,14 +243,7 @@ class WorkflowRuntime:
         execution_id = execution_id or new_envelope_id()
         _check_id(execution_id)
         encoded = resolved.encode_input(input, execution_id)
-        payload: dict[str, Any] = {
-            "flow_id": resolved.id,
-            "flow_version": resolved.version,
-            "input": encoded,
-        }
-        if metadata:
-            payload["metadata"] = metadata
-        started = [(EventType.EXECUTION_STARTED, payload)]
+        started = [ExecutionStarted(resolved.id, resolved.version, encoded, metadata or {})]
         try:
             driver = self._new_driver(ExecutionState(execution_id), fence or 0, last_snapshot=-1)
             if fence is not None:
@@ -295,10 +297,7 @@ class WorkflowRuntime:
             gate = self._waiting_gate(state, event_type)
             flow = self.get_flow(state.flow_id, state.flow_version)
             normalized = self._validate_resume(flow, state, event_type, payload)
-            resumed = (
-                EventType.EXECUTION_RESUMED,
-                {"position": gate.position, "event_type": event_type, "payload": normalized},
-            )
+            resumed = ExecutionResumed(gate.position, event_type, normalized)
             handle = await self._continue_with(state, snap_seq, fence, resumed, flow)
             if handle is not None:
                 return handle
@@ -331,10 +330,7 @@ class WorkflowRuntime:
             return gate
         # Not waiting for this event: say why as precisely as the log allows.
         if any(
-            op.kind == "gate"
-            and op.name == event_type
-            and isinstance(op.output, dict)
-            and op.output.get("timed_out")
+            op.kind == OpKind.GATE and op.name == event_type and op.outcome is WaitOutcome.TIMED_OUT
             for op in state.ops.values()
         ):
             raise GateTimedOutError(
@@ -405,10 +401,7 @@ class WorkflowRuntime:
         if state.status not in (ExecutionStatus.RUNNING, ExecutionStatus.PENDING):
             return ExecutionHandle(self, execution_id, None)
         flow = self.get_flow(state.flow_id, state.flow_version)
-        recovered = (
-            EventType.EXECUTION_RECOVERED,
-            {"from_sequence": state.last_sequence, "snapshot_sequence": snap_seq},
-        )
+        recovered = ExecutionRecovered(state.last_sequence, snap_seq)
         handle = await self._continue_with(state, snap_seq, fence, recovered, flow)
         if handle is None:
             raise ExecutionSupersededError(
@@ -436,7 +429,7 @@ class WorkflowRuntime:
                 return state
             driver = self._new_driver(state, fence, last_snapshot=snap_seq)
             try:
-                await driver.append([(EventType.EXECUTION_CANCELLED, {"reason": reason})])
+                await driver.append([ExecutionCancelled(reason)])
             except StaleFenceError as exc:
                 if exc.execution_id != execution_id:
                     raise
@@ -459,7 +452,7 @@ class WorkflowRuntime:
         state: ExecutionState,
         snap_seq: int,
         fence: int | None,
-        event: tuple[EventType, dict[str, Any]],
+        event: EventPayload,
         flow: Flow[Any, Any],
     ) -> ExecutionHandle[Any] | None:
         """Append ``event`` and drive the flow on from ``state``.
@@ -538,7 +531,7 @@ class WorkflowRuntime:
             if state is None or state.is_terminal:
                 return WakeOutcome.STALE, None
             op = state.ops.get(position)
-            if op is not None and op.status == "resolved":
+            if op is not None and op.outcome is not None:
                 return WakeOutcome.STALE, None
             gate = state.waiting
             if gate is None or gate.position != position or gate.timeout_at is None:
@@ -546,10 +539,7 @@ class WorkflowRuntime:
             if self.clock.now() < gate.timeout_at:
                 return WakeOutcome.EARLY, None
             flow = self.get_flow(state.flow_id, state.flow_version)
-            fired = (
-                EventType.TIMER_FIRED,
-                {"position": position, "timed_out": gate.event_type != TIMER_EVENT},
-            )
+            fired = TimerFired(position, timed_out=gate.event_type != TIMER_EVENT)
             handle = await self._continue_with(state, snap_seq, fence, fired, flow)
             if handle is not None:
                 return WakeOutcome.FIRED, handle
@@ -590,9 +580,7 @@ class WorkflowRuntime:
                 except PayloadError as exc:
                     # The output itself cannot be stored (too large, too deep): record that as
                     # the flow's failure, or every recovery would stop at the same place.
-                    await driver.append(
-                        [(EventType.EXECUTION_FAILED, {"error": error_record(exc)})]
-                    )
+                    await driver.append([ExecutionFailed(error_record(exc))])
         except StaleFenceError as exc:
             driver.error = await self._fenced_out_error(eid, exc)
         except asyncio.CancelledError:
@@ -619,7 +607,7 @@ class WorkflowRuntime:
 
     async def _run_flow(
         self, driver: Driver, flow: Flow[Any, Any]
-    ) -> tuple[EventType, dict[str, Any]] | None:
+    ) -> ExecutionCompleted | ExecutionFailed | None:
         """Run (or replay) the flow; return its terminal event, or None when it suspended.
 
         Errors that mean the execution must stay resumable (non-determinism, storage,
@@ -641,8 +629,8 @@ class WorkflowRuntime:
         except Exception as exc:
             if driver.fenced_out is not None:
                 raise driver.fenced_out from exc  # the flow swallowed its own fencing
-            return EventType.EXECUTION_FAILED, {"error": error_record(exc)}
-        return EventType.EXECUTION_COMPLETED, {"output": output}
+            return ExecutionFailed(error_record(exc))
+        return ExecutionCompleted(output)
 
     async def _fenced_out_error(self, eid: str, exc: StaleFenceError) -> BaseException | None:
         if exc.execution_id != eid:

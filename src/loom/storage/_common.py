@@ -16,7 +16,8 @@ from loom.errors import (
     StartFencedOutError,
     StorageWriteError,
 )
-from loom.model import DEFAULT_LIMITS, Envelope, EventType, PayloadLimits, checksum, decode_json
+from loom.model import DEFAULT_LIMITS, Envelope, PayloadLimits, checksum, decode_json
+from loom.model._events import as_event_type
 from loom.storage._spi import Snapshot
 
 __all__ = [
@@ -156,24 +157,22 @@ def decode_envelope(
     stored_checksum: str,
     limits: PayloadLimits = DEFAULT_LIMITS,
 ) -> Envelope:
-    """Rebuild a stored envelope, verifying its checksum first."""
-    try:
-        env = Envelope(
-            envelope_id,
-            execution_id,
-            sequence,
-            EventType(type_name),
-            {},
-            recorded_at,
-            fence,
-            payload_json,
-        )
-    except ValueError as exc:
-        raise CorruptEventError(
-            f"event {sequence} of {execution_id!r} has unknown type {type_name!r}",
-            execution_id=execution_id,
-            sequence=sequence,
-        ) from exc
+    """Rebuild a stored envelope, verifying its checksum first.
+
+    The store does not judge the event's type: one this process cannot fold (written by a newer
+    Loom or an extension not imported here) is read like any other, and the fold refuses it
+    with ``UnknownEventError``. Only a failed checksum or undecodable payload is corruption.
+    """
+    env = Envelope(
+        envelope_id,
+        execution_id,
+        sequence,
+        as_event_type(type_name),
+        {},
+        recorded_at,
+        fence,
+        payload_json,
+    )
     if env.checksum() != stored_checksum:
         raise CorruptEventError(
             f"event {sequence} of execution {execution_id!r} failed its checksum",

@@ -318,7 +318,7 @@ class PostgresStore(GroupCommit):
         if len(envelopes) == 1:
             e = envelopes[0]
             params.update(
-                id=e.envelope_id, type=e.type.value, payload=e.payload_json, at=e.recorded_at
+                id=e.envelope_id, type=str(e.type), payload=e.payload_json, at=e.recorded_at
             )
             params["sum"] = sums[0]
             sql = self._sql[f"{statement}_one"]
@@ -326,7 +326,7 @@ class PostgresStore(GroupCommit):
             params.update(
                 seqs=[e.sequence for e in envelopes],
                 ids=[e.envelope_id for e in envelopes],
-                types=[e.type.value for e in envelopes],
+                types=[str(e.type) for e in envelopes],
                 payloads=[e.payload_json for e in envelopes],
                 ats=[e.recorded_at for e in envelopes],
                 sums=sums,

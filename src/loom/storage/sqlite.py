@@ -103,7 +103,7 @@ def _event_row(e: Envelope) -> tuple[Any, ...]:
         e.execution_id,
         e.sequence,
         e.envelope_id,
-        e.type.value,
+        str(e.type),
         e.payload_json,
         e.recorded_at,
         e.fence,

@@ -22,10 +22,10 @@ class _ReadOnly(InMemoryStore):
         first = envelopes[0]
         raise NonDeterminismError(
             f"replay of {first.execution_id!r} went beyond the recorded log: the code now "
-            f"records {first.type.value} {dict(first.payload)!r} at sequence {first.sequence}",
+            f"records {first.type!s} {dict(first.payload)!r} at sequence {first.sequence}",
             execution_id=first.execution_id,
             sequence=first.sequence,
-            requested=first.type.value,
+            requested=str(first.type),
         )
 
 

@@ -45,7 +45,7 @@ def env(
     execution_id: str,
     sequence: int,
     fence: int,
-    type: EventType = EventType.STEP_COMPLETED,
+    type: str = EventType.STEP_COMPLETED,
     payload: dict[str, Any] | None = None,
     envelope_id: str | None = None,
 ) -> Envelope:
@@ -94,6 +94,28 @@ async def check_append_and_read_round_trip(store: Store, reopen: Reopen | None) 
     assert await store.read("nobody") == []
     assert await store.last_sequence("rt") == 1
     assert await store.last_sequence("nobody") == -1
+
+
+@_check
+async def check_any_event_type_is_kept_verbatim(store: Store, reopen: Reopen | None) -> None:
+    """A store does not judge the vocabulary: an event type this process cannot fold (a newer
+    Loom's, an extension's) is stored and read back like any other, never called corrupt; only
+    the fold refuses it (UnknownEventError)."""
+    fence = await store.acquire_fence("vocab")
+    payload = {"position": 1, "model": "m-1", "tokens": 42}
+    batch = [env("vocab", 0, fence), env("vocab", 1, fence, "zz.not_registered", payload)]
+    await store.append(batch)
+    readers = [store] if reopen is None else [store, await reopen(store)]
+    try:
+        for reader in readers:
+            got = await reader.read("vocab")
+            assert [e.type for e in got] == [EventType.EXECUTION_STARTED, "zz.not_registered"]
+            assert got[0].type is EventType.EXECUTION_STARTED
+            assert got[1].payload == payload and got[1].payload_json == batch[1].payload_json
+            assert got[1].checksum() == batch[1].checksum()
+    finally:
+        for reader in readers[1:]:
+            await reader.close()
 
 
 @_check
