@@ -64,9 +64,8 @@ def apply_event(state: ExecutionState, env: Envelope) -> None:
         raise _bad(state, env, f"the execution is already {state.status}")
     try:
         event = env.typed
-        if event is None:
-            event = entry.payload_type.from_wire(env.payload)
-            object.__setattr__(env, "typed", event)
+        if event is None:  # read from a store: decode (not cached; each event folds once)
+            event = entry.decode(env.payload)
         entry.reducer(state, event, env)
     except LoomError:
         raise
@@ -116,15 +115,19 @@ def _started(state: ExecutionState, e: ExecutionStarted, env: Envelope) -> None:
     state.started_at = env.recorded_at
 
 
-def _not_completed(state: ExecutionState, env: Envelope, pos: int) -> OpRecord | None:
-    op = state.ops.get(pos)
-    if op is not None and op.status is OpStatus.COMPLETED:
-        raise _bad(state, env, f"step at position {pos} already completed")
-    return op
+# Bound once: the step reducers run for nearly every event of a log.
+_STEP = OpKind.STEP
+_COMPLETED = OpStatus.COMPLETED
+
+
+def _already_completed(state: ExecutionState, env: Envelope, pos: int) -> CorruptEventError:
+    return _bad(state, env, f"step at position {pos} already completed")
 
 
 def _step_started(state: ExecutionState, e: StepStarted, env: Envelope) -> None:
-    op = _not_completed(state, env, e.position)
+    op = state.ops.get(e.position)
+    if op is not None and op.status is _COMPLETED:
+        raise _already_completed(state, env, e.position)
     if op is None:
         state.ops[e.position] = OpRecord(
             OpKind.STEP, e.step_id, OpStatus.STARTED, None, None, e.attempt
@@ -135,14 +138,18 @@ def _step_started(state: ExecutionState, e: StepStarted, env: Envelope) -> None:
 
 
 def _step_completed(state: ExecutionState, e: StepCompleted, env: Envelope) -> None:
-    _not_completed(state, env, e.position)
-    state.ops[e.position] = OpRecord(
-        OpKind.STEP, e.step_id, OpStatus.COMPLETED, e.output, None, e.attempt
-    )
+    ops = state.ops
+    pos = e.position
+    op = ops.get(pos)
+    if op is not None and op.status is _COMPLETED:
+        raise _already_completed(state, env, pos)
+    ops[pos] = OpRecord(_STEP, e.step_id, _COMPLETED, e.output, None, e.attempt)
 
 
 def _step_failed(state: ExecutionState, e: StepFailed, env: Envelope) -> None:
-    _not_completed(state, env, e.position)
+    op = state.ops.get(e.position)
+    if op is not None and op.status is _COMPLETED:
+        raise _already_completed(state, env, e.position)
     status = OpStatus.FAILED if e.final else OpStatus.RETRYING
     error = dict(e.error) if e.error is not None else None
     state.ops[e.position] = OpRecord(OpKind.STEP, e.step_id, status, None, error, e.attempt)

@@ -96,6 +96,8 @@ class _Entry:
     name: str
     payload_type: type[Any]
     reducer: Callable[[ExecutionState, Any, Envelope], None]
+    #: ``payload_type.from_wire``, bound once: the fold calls it for every event it loads.
+    decode: Callable[[Mapping[str, Any]], Any]
 
 
 _BY_TYPE: dict[str, _Entry] = {}
@@ -126,7 +128,8 @@ def _register(type: str, payload_type: type[P], reducer: Reducer[P]) -> None:
                 f"payload type {payload_type.__qualname__} has no {method}()",
                 hint="Derive it from loom.model.Payload (a frozen dataclass of JSON values)",
             )
-    _BY_TYPE[type] = _Entry(type, payload_type, reducer)
+    decode = getattr(payload_type, "from_wire")  # noqa: B009 - checked callable above
+    _BY_TYPE[type] = _Entry(type, payload_type, reducer, decode)
     _TYPE_OF[payload_type] = type
 
 

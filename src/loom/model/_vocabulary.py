@@ -1,15 +1,22 @@
-"""Loom's own event payloads: one frozen type per :class:`EventType`.
+"""Loom's own event payloads: one immutable type per :class:`EventType`.
 
 Each ``to_wire()`` writes exactly the keys (and key order) Loom has always stored, so logs
 written before the vocabulary was typed and logs written after it are byte-identical; each
 ``from_wire()`` reads what older writers stored, filling the defaults they left out.
+
+They are named tuples rather than frozen dataclasses because every load decodes one per event:
+building a tuple costs a fraction of a frozen dataclass's per-field ``object.__setattr__``, and
+keeps a replay as cheap as the untyped fold was (``bench/fold.py``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any, Self
+from types import MappingProxyType
+from typing import Any, NamedTuple, Self
+
+_EMPTY: Mapping[str, Any] = MappingProxyType({})
+_new = tuple.__new__
 
 __all__ = [
     "DecisionRecorded",
@@ -30,22 +37,17 @@ __all__ = [
 ]
 
 
-def _position(data: Mapping[str, Any]) -> int:
-    pos = data.get("position")
-    # bool is an int subclass, but True is no position
-    if type(pos) is not int or pos < 0:
-        raise ValueError("payload has no valid 'position'")
-    return pos
+def _bad_position() -> ValueError:
+    return ValueError("payload has no valid 'position'")
 
 
-@dataclass(frozen=True, slots=True)
-class ExecutionStarted:
+class ExecutionStarted(NamedTuple):
     """Sequence 0 of every log: which flow (and version) runs, with what input."""
 
     flow_id: str
     flow_version: str = ""
     input: Any = None
-    metadata: Mapping[str, Any] = field(default_factory=dict)
+    metadata: Mapping[str, Any] = _EMPTY
 
     def to_wire(self) -> dict[str, Any]:
         wire: dict[str, Any] = {
@@ -59,16 +61,18 @@ class ExecutionStarted:
 
     @classmethod
     def from_wire(cls, data: Mapping[str, Any]) -> Self:
-        return cls(
-            str(data["flow_id"]),
-            str(data.get("flow_version", "")),
-            data.get("input"),
-            dict(data.get("metadata") or {}),
+        return _new(
+            cls,
+            (
+                str(data["flow_id"]),
+                str(data.get("flow_version", "")),
+                data.get("input"),
+                dict(data.get("metadata") or {}),
+            ),
         )
 
 
-@dataclass(frozen=True, slots=True)
-class StepStarted:
+class StepStarted(NamedTuple):
     """An attempt of a step began (only for steps declared with ``record_start``)."""
 
     position: int
@@ -80,11 +84,20 @@ class StepStarted:
 
     @classmethod
     def from_wire(cls, data: Mapping[str, Any]) -> Self:
-        return cls(_position(data), str(data["step_id"]), int(data.get("attempt", 1)))
+        pos = data.get("position")
+        if type(pos) is not int or pos < 0:  # bool is an int, but True is no position
+            raise _bad_position()
+        return _new(
+            cls,
+            (
+                pos,
+                str(data["step_id"]),
+                int(data.get("attempt", 1)),
+            ),
+        )
 
 
-@dataclass(frozen=True, slots=True)
-class StepCompleted:
+class StepCompleted(NamedTuple):
     """A step's effect ran and returned ``output``.
 
     ``annotations`` is what step interceptors attached to the record (tokens, cost); it is
@@ -113,18 +126,23 @@ class StepCompleted:
     @classmethod
     def from_wire(cls, data: Mapping[str, Any]) -> Self:
         annotations = data.get("annotations")
-        return cls(
-            _position(data),
-            str(data["step_id"]),
-            int(data.get("attempt", 1)),
-            data.get("output"),
-            data.get("started_at"),
-            dict(annotations) if annotations else None,
+        pos = data.get("position")
+        if type(pos) is not int or pos < 0:  # bool is an int, but True is no position
+            raise _bad_position()
+        return _new(
+            cls,
+            (
+                pos,
+                str(data["step_id"]),
+                int(data.get("attempt", 1)),
+                data.get("output"),
+                data.get("started_at"),
+                dict(annotations) if annotations else None,
+            ),
         )
 
 
-@dataclass(frozen=True, slots=True)
-class StepFailed:
+class StepFailed(NamedTuple):
     """An attempt of a step raised; ``final`` when the retry policy gave up."""
 
     position: int
@@ -145,17 +163,22 @@ class StepFailed:
     @classmethod
     def from_wire(cls, data: Mapping[str, Any]) -> Self:
         error = data.get("error")
-        return cls(
-            _position(data),
-            str(data["step_id"]),
-            int(data.get("attempt", 1)),
-            error if isinstance(error, dict) or error is None else {"message": str(error)},
-            bool(data.get("final")),
+        pos = data.get("position")
+        if type(pos) is not int or pos < 0:  # bool is an int, but True is no position
+            raise _bad_position()
+        return _new(
+            cls,
+            (
+                pos,
+                str(data["step_id"]),
+                int(data.get("attempt", 1)),
+                error if isinstance(error, dict) or error is None else {"message": str(error)},
+                bool(data.get("final")),
+            ),
         )
 
 
-@dataclass(frozen=True, slots=True)
-class ExecutionSuspended:
+class ExecutionSuspended(NamedTuple):
     """The execution waits at ``position``: on a gate named ``event_type``, or (``timer``)
     on a durable sleep whose timer ends it at ``timeout_at``."""
 
@@ -182,17 +205,22 @@ class ExecutionSuspended:
 
     @classmethod
     def from_wire(cls, data: Mapping[str, Any]) -> Self:
-        return cls(
-            _position(data),
-            str(data["event_type"]),
-            data.get("correlation_key"),
-            data.get("timeout_at"),
-            bool(data.get("timer")),
+        pos = data.get("position")
+        if type(pos) is not int or pos < 0:  # bool is an int, but True is no position
+            raise _bad_position()
+        return _new(
+            cls,
+            (
+                pos,
+                str(data["event_type"]),
+                data.get("correlation_key"),
+                data.get("timeout_at"),
+                bool(data.get("timer")),
+            ),
         )
 
 
-@dataclass(frozen=True, slots=True)
-class ExecutionResumed:
+class ExecutionResumed(NamedTuple):
     """A gate's decision arrived (validated against the flow's resume schema)."""
 
     position: int
@@ -204,11 +232,20 @@ class ExecutionResumed:
 
     @classmethod
     def from_wire(cls, data: Mapping[str, Any]) -> Self:
-        return cls(_position(data), str(data.get("event_type", "")), data.get("payload"))
+        pos = data.get("position")
+        if type(pos) is not int or pos < 0:  # bool is an int, but True is no position
+            raise _bad_position()
+        return _new(
+            cls,
+            (
+                pos,
+                str(data.get("event_type", "")),
+                data.get("payload"),
+            ),
+        )
 
 
-@dataclass(frozen=True, slots=True)
-class TimerScheduled:
+class TimerScheduled(NamedTuple):
     """A durable sleep at ``position`` will end at ``fire_at``."""
 
     position: int
@@ -220,11 +257,20 @@ class TimerScheduled:
 
     @classmethod
     def from_wire(cls, data: Mapping[str, Any]) -> Self:
-        return cls(_position(data), data.get("fire_at"), str(data.get("name", "sleep")))
+        pos = data.get("position")
+        if type(pos) is not int or pos < 0:  # bool is an int, but True is no position
+            raise _bad_position()
+        return _new(
+            cls,
+            (
+                pos,
+                data.get("fire_at"),
+                str(data.get("name", "sleep")),
+            ),
+        )
 
 
-@dataclass(frozen=True, slots=True)
-class TimerFired:
+class TimerFired(NamedTuple):
     """The timed wait at ``position`` ended by its timer: a sleep elapsed, or (``timed_out``)
     a gate's timeout passed before its decision."""
 
@@ -236,11 +282,19 @@ class TimerFired:
 
     @classmethod
     def from_wire(cls, data: Mapping[str, Any]) -> Self:
-        return cls(_position(data), bool(data.get("timed_out")))
+        pos = data.get("position")
+        if type(pos) is not int or pos < 0:  # bool is an int, but True is no position
+            raise _bad_position()
+        return _new(
+            cls,
+            (
+                pos,
+                bool(data.get("timed_out")),
+            ),
+        )
 
 
-@dataclass(frozen=True, slots=True)
-class DecisionRecorded:
+class DecisionRecorded(NamedTuple):
     """A value computed once by ``ctx.decide`` (returned as recorded on every replay)."""
 
     position: int
@@ -252,11 +306,20 @@ class DecisionRecorded:
 
     @classmethod
     def from_wire(cls, data: Mapping[str, Any]) -> Self:
-        return cls(_position(data), str(data["name"]), data.get("value"))
+        pos = data.get("position")
+        if type(pos) is not int or pos < 0:  # bool is an int, but True is no position
+            raise _bad_position()
+        return _new(
+            cls,
+            (
+                pos,
+                str(data["name"]),
+                data.get("value"),
+            ),
+        )
 
 
-@dataclass(frozen=True, slots=True)
-class UIPatched:
+class UIPatched(NamedTuple):
     """A change to the UI projection: ``op`` is ``set`` or ``merge`` (shallow)."""
 
     position: int
@@ -269,11 +332,21 @@ class UIPatched:
 
     @classmethod
     def from_wire(cls, data: Mapping[str, Any]) -> Self:
-        return cls(_position(data), str(data["key"]), data.get("value"), str(data.get("op", "set")))
+        pos = data.get("position")
+        if type(pos) is not int or pos < 0:  # bool is an int, but True is no position
+            raise _bad_position()
+        return _new(
+            cls,
+            (
+                pos,
+                str(data["key"]),
+                data.get("value"),
+                str(data.get("op", "set")),
+            ),
+        )
 
 
-@dataclass(frozen=True, slots=True)
-class ExecutionRecovered:
+class ExecutionRecovered(NamedTuple):
     """A new holder took over a running execution whose last holder stopped."""
 
     from_sequence: int = -1
@@ -284,11 +357,16 @@ class ExecutionRecovered:
 
     @classmethod
     def from_wire(cls, data: Mapping[str, Any]) -> Self:
-        return cls(int(data.get("from_sequence", -1)), int(data.get("snapshot_sequence", -1)))
+        return _new(
+            cls,
+            (
+                int(data.get("from_sequence", -1)),
+                int(data.get("snapshot_sequence", -1)),
+            ),
+        )
 
 
-@dataclass(frozen=True, slots=True)
-class ExecutionForked:
+class ExecutionForked(NamedTuple):
     """This execution's log is a prefix of another's: what it was forked from.
 
     ``source`` is the whole stored record (a parent id and a fork point, plus whatever the
@@ -302,11 +380,10 @@ class ExecutionForked:
 
     @classmethod
     def from_wire(cls, data: Mapping[str, Any]) -> Self:
-        return cls(dict(data))
+        return _new(cls, (dict(data),))
 
 
-@dataclass(frozen=True, slots=True)
-class ExecutionCompleted:
+class ExecutionCompleted(NamedTuple):
     """The flow returned ``output`` (terminal)."""
 
     output: Any = None
@@ -316,11 +393,10 @@ class ExecutionCompleted:
 
     @classmethod
     def from_wire(cls, data: Mapping[str, Any]) -> Self:
-        return cls(data.get("output"))
+        return _new(cls, (data.get("output"),))
 
 
-@dataclass(frozen=True, slots=True)
-class ExecutionFailed:
+class ExecutionFailed(NamedTuple):
     """The flow raised; ``error`` is the recorded description (terminal)."""
 
     error: Mapping[str, Any] | None = None
@@ -331,11 +407,12 @@ class ExecutionFailed:
     @classmethod
     def from_wire(cls, data: Mapping[str, Any]) -> Self:
         error = data.get("error")
-        return cls(error if isinstance(error, dict) or error is None else {"message": str(error)})
+        return _new(
+            cls, (error if isinstance(error, dict) or error is None else {"message": str(error)},)
+        )
 
 
-@dataclass(frozen=True, slots=True)
-class ExecutionCancelled:
+class ExecutionCancelled(NamedTuple):
     """The execution was cancelled (terminal)."""
 
     reason: str | None = None
@@ -345,4 +422,4 @@ class ExecutionCancelled:
 
     @classmethod
     def from_wire(cls, data: Mapping[str, Any]) -> Self:
-        return cls(data.get("reason"))
+        return _new(cls, (data.get("reason"),))
