@@ -61,6 +61,7 @@ __all__ = [
     "InvalidInputError",
     "LoomError",
     "NonDeterminismError",
+    "NotALoomDatabaseError",
     "NotWaitingError",
     "PayloadError",
     "RemoteWorkerError",
@@ -342,6 +343,13 @@ class SchemaVersionError(StorageError):
     default_hint = "Upgrade loom-runtime to the version that wrote this database"
 
 
+class NotALoomDatabaseError(StorageError):
+    """The file or URL opened as a store is not a Loom database (or does not exist)."""
+
+    code = "not_a_loom_database"
+    default_hint = "Check the path or URL: point it at a Loom database (or a new file)"
+
+
 _BY_NAME: dict[str, type[LoomError]] = {
     cls.__name__: cls
     for cls in [
@@ -376,6 +384,7 @@ _BY_NAME: dict[str, type[LoomError]] = {
         DuplicateEnvelopeIdError,
         CorruptEventError,
         SchemaVersionError,
+        NotALoomDatabaseError,
     ]
 }
 

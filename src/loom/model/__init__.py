@@ -23,6 +23,13 @@ from loom.model._registry import (
     registered_event_types,
 )
 from loom.model._state import ExecutionState, Gate, OpKind, OpRecord, OpStatus, WaitOutcome
+from loom.model._summary import (
+    TIMER_WAIT,
+    ExecutionSummary,
+    SummaryChange,
+    summarize,
+    summary_change,
+)
 from loom.model._vocabulary import (
     DecisionRecorded,
     ExecutionCancelled,
@@ -44,6 +51,7 @@ from loom.model._vocabulary import (
 __all__ = [
     "DEFAULT_LIMITS",
     "TERMINAL_STATUSES",
+    "TIMER_WAIT",
     "DecisionRecorded",
     "Envelope",
     "EventPayload",
@@ -57,6 +65,7 @@ __all__ = [
     "ExecutionStarted",
     "ExecutionState",
     "ExecutionStatus",
+    "ExecutionSummary",
     "ExecutionSuspended",
     "Gate",
     "OpKind",
@@ -68,6 +77,7 @@ __all__ = [
     "StepCompleted",
     "StepFailed",
     "StepStarted",
+    "SummaryChange",
     "TimerFired",
     "TimerScheduled",
     "UIPatched",
@@ -81,4 +91,6 @@ __all__ = [
     "register_event",
     "registered_event_types",
     "replay",
+    "summarize",
+    "summary_change",
 ]

@@ -2,8 +2,12 @@
 
 from typing import TYPE_CHECKING
 
+from loom.storage._open import open_store
 from loom.storage._spi import (
     EventStore,
+    ExecutionIndex,
+    ExecutionPage,
+    ExecutionQuery,
     Snapshot,
     SnapshotStore,
     Store,
@@ -19,6 +23,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "EventStore",
+    "ExecutionIndex",
+    "ExecutionPage",
+    "ExecutionQuery",
     "InMemoryStore",
     "PostgresStore",
     "SQLiteStore",
@@ -28,6 +35,7 @@ __all__ = [
     "TenantScopedEventStore",
     "Timer",
     "TimerStore",
+    "open_store",
 ]
 
 

@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import psycopg
 
-from loom.errors import SchemaVersionError, StorageError
+from loom.errors import NotALoomDatabaseError, SchemaVersionError, StorageError
+from loom.model._summary import SUMMARY_EVENT_TYPES
+from loom.storage._index import SUMMARY_COLUMNS, backfill_rows
+from loom.storage._schema import SCHEMA_VERSION
 
 __all__ = [
     "MAX_NOTE_BYTES",
@@ -22,22 +26,44 @@ __all__ = [
     "SCHEMA_NAME",
     "SCHEMA_VERSION",
     "Conn",
+    "check_schema",
+    "cursor_lock_key",
     "migrate",
     "migration_lock_key",
     "notify_channel",
     "statements",
 ]
 
-#: 1: heads, events, snapshots. 2: timers (the TimerStore side).
-SCHEMA_VERSION = 2
 
 SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 
 Conn = psycopg.AsyncConnection[tuple[Any, ...]]
 
+#: A migration step: SQL text (``{s}`` is the quoted schema) or a function of the connection,
+#: the quoted schema and the store's description (the index back-fill reads the logs).
+Step = str | Callable[[Conn, str, str], Awaitable[None]]
+
+
+async def _backfill(conn: Conn, s: str, where: str) -> None:
+    cur = await conn.execute(
+        "SELECT execution_id, envelope_id, sequence, type, payload, recorded_at, fence, checksum"
+        f" FROM {s}.events WHERE type = ANY(%s) ORDER BY execution_id, sequence",
+        (sorted(SUMMARY_EVENT_TYPES),),
+    )
+    rows = backfill_rows(await cur.fetchall(), where)
+    if rows:
+        async with conn.cursor() as ins:
+            await ins.executemany(
+                f"INSERT INTO {s}.executions ({SUMMARY_COLUMNS}) "
+                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                rows,
+            )
+        await conn.execute(f"SELECT setval('{s}.executions_cursor', %s)", (len(rows),))
+
+
 # Statements that take a database from version N-1 to N. Version 1 creates everything it had. Ids
 # are COLLATE "C" so that enumeration order is code-point order, as in every other store.
-MIGRATIONS: dict[int, tuple[str, ...]] = {
+MIGRATIONS: dict[int, tuple[Step, ...]] = {
     1: (
         'CREATE TABLE {s}.heads (execution_id text COLLATE "C" PRIMARY KEY,'
         " fence bigint NOT NULL, next_sequence bigint NOT NULL)",
@@ -60,6 +86,24 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         " CONSTRAINT timers_pkey PRIMARY KEY (execution_id, position))",
         "CREATE INDEX timers_due ON {s}.timers (fire_at, execution_id, position)",
     ),
+    # The execution index (see loom.storage._schema). Listing indexes end in the keyset order
+    # (created_at, execution_id); the cursor index serves the change feed.
+    3: (
+        'CREATE TABLE {s}.executions (execution_id text COLLATE "C" PRIMARY KEY,'
+        " flow_id text NOT NULL, flow_version text NOT NULL, status text NOT NULL,"
+        ' waiting_for text, parent_id text COLLATE "C", forked_from text COLLATE "C",'
+        " created_at double precision NOT NULL, updated_at double precision NOT NULL,"
+        " cursor bigint NOT NULL)",
+        "CREATE SEQUENCE {s}.executions_cursor",
+        "CREATE UNIQUE INDEX executions_cursor_idx ON {s}.executions (cursor)",
+        "CREATE INDEX executions_created ON {s}.executions (created_at, execution_id)",
+        "CREATE INDEX executions_status ON {s}.executions (status, created_at, execution_id)",
+        "CREATE INDEX executions_flow ON {s}.executions (flow_id, created_at, execution_id)",
+        "CREATE INDEX executions_parent ON {s}.executions (parent_id) WHERE parent_id IS NOT NULL",
+        "CREATE INDEX executions_forked ON {s}.executions (forked_from)"
+        " WHERE forked_from IS NOT NULL",
+        _backfill,
+    ),
 }
 
 # One statement per append or take-over. The INSERT reads from the head write's RETURNING, so a
@@ -73,12 +117,48 @@ WITH moved AS (
         (execution_id, sequence, envelope_id, type, payload, recorded_at, fence, checksum)
     {rows}
     RETURNING 1
-)
+){index}
 SELECT (SELECT count(*) FROM ins), {notify}, h.fence, h.next_sequence
 FROM (SELECT 1) AS one LEFT JOIN {{s}}.heads AS h ON h.execution_id = %(eid)s
 """
 
 _NOTIFY = "(SELECT count(pg_notify(%(channel)s, %(note)s)) FROM moved)"
+_NOTIFY_FEED = "(SELECT count(pg_notify(%(channel)s, %(feed)s)) FROM idx)"
+
+# The index row of a write that changes an execution's summary, in the same statement (so the
+# same transaction) as its events; written only if the head moved.
+#
+# Change cursors must grow in COMMIT order, or a feed reader that saw cursor 7 could later find
+# a transaction that took 6 from the sequence and committed after it. So the cursor is taken
+# under a transaction-scoped advisory lock, held until COMMIT: summary-changing transactions
+# commit one at a time in cursor order (a step append takes no lock and writes no row). Under
+# group commit a whole batch takes the lock once. ``lk`` is read in the FROM of the insert, so
+# the lock is held before nextval() runs.
+_INDEX = """, lk AS (
+    SELECT pg_advisory_xact_lock(%(lock)s) FROM moved
+), idx AS (
+    INSERT INTO {{s}}.executions AS x ({columns})
+    SELECT %(x_eid)s, %(x_flow)s, %(x_version)s, %(x_status)s, %(x_waiting)s, %(x_parent)s,
+           %(x_forked)s, %(x_created)s::float8, %(x_updated)s::float8,
+           nextval('{{s}}.executions_cursor')
+    FROM lk
+    ON CONFLICT (execution_id) DO UPDATE SET {update}
+    RETURNING 1
+)"""
+# A start sets every field; a later change sets status, waiting-for and times (the upsert is
+# SummaryChange.apply with the previous row read by PostgreSQL).
+_INDEX_START_SET = (
+    "flow_id = excluded.flow_id, flow_version = excluded.flow_version, "
+    "status = excluded.status, waiting_for = excluded.waiting_for, "
+    "parent_id = excluded.parent_id, forked_from = coalesce(excluded.forked_from, "
+    "x.forked_from), created_at = excluded.created_at, updated_at = excluded.updated_at, "
+    "cursor = excluded.cursor"
+)
+_INDEX_CHANGE_SET = (
+    "status = excluded.status, waiting_for = excluded.waiting_for, "
+    "forked_from = coalesce(excluded.forked_from, x.forked_from), "
+    "updated_at = excluded.updated_at, cursor = excluded.cursor"
+)
 
 # How each kind of write moves the head: an append keeps the fence; a take-over advances it by
 # one from the fence it saw, and from fence 0 creates the head (a row of fence 0 never exists,
@@ -174,16 +254,27 @@ def statements(schema: str, *, notify: bool) -> dict[str, str]:
     s = f'"{schema}"'
     note = _NOTIFY if notify else "0"
 
-    def write(moved: str, rows: str) -> str:
-        return _APPEND.format(moved=moved, rows=rows, notify=note).format(s=s)
+    def write(moved: str, rows: str, index: str = "") -> str:
+        notes = note
+        if index:
+            index = _INDEX.format(columns=SUMMARY_COLUMNS, update=index)
+            if notify:
+                notes = f"{note} + {_NOTIFY_FEED}"
+        return _APPEND.format(moved=moved, rows=rows, notify=notes, index=index).format(s=s)
+
+    writes = {}
+    for kind, moved in (
+        ("append", _MOVE_APPEND),
+        ("take_over", _MOVE_TAKE_OVER),
+        ("create", _MOVE_CREATE),
+    ):
+        for size, rows in (("one", _ONE_ROW), ("many", _MANY_ROWS)):
+            writes[f"{kind}_{size}"] = write(moved, rows)
+            writes[f"{kind}_{size}_start"] = write(moved, rows, _INDEX_START_SET)
+            writes[f"{kind}_{size}_change"] = write(moved, rows, _INDEX_CHANGE_SET)
 
     return {
-        "append_one": write(_MOVE_APPEND, _ONE_ROW),
-        "append_many": write(_MOVE_APPEND, _MANY_ROWS),
-        "take_over_one": write(_MOVE_TAKE_OVER, _ONE_ROW),
-        "take_over_many": write(_MOVE_TAKE_OVER, _MANY_ROWS),
-        "create_one": write(_MOVE_CREATE, _ONE_ROW),
-        "create_many": write(_MOVE_CREATE, _MANY_ROWS),
+        **writes,
         "fence": _FENCE.format(s=s),
         "snapshot": _SNAPSHOT.format(s=s),
         "head": _HEAD.format(s=s),
@@ -208,7 +299,22 @@ def statements(schema: str, *, notify: bool) -> dict[str, str]:
         "timer_complete": _TIMER_COMPLETE.format(s=s),
         "timer_cancel": _TIMER_CANCEL.format(s=s),
         "timer_next": f"SELECT min(fire_at) FROM {s}.timers WHERE starts_with(execution_id, %s)",
+        "summary": f"SELECT {SUMMARY_COLUMNS} FROM {s}.executions WHERE execution_id = %s",
+        "changes": (
+            f"SELECT {SUMMARY_COLUMNS} FROM {s}.executions WHERE cursor > %s "
+            "AND starts_with(execution_id, %s) ORDER BY cursor LIMIT %s"
+        ),
+        "last_cursor": f"SELECT coalesce(max(cursor), 0) FROM {s}.executions",
     }
+
+
+def cursor_lock_key(schema: str) -> int:
+    """The advisory lock key that orders a schema's change cursors (see ``_INDEX``)."""
+    return int.from_bytes(
+        hashlib.blake2b(f"loom-cursor:{schema}".encode(), digest_size=8).digest(),
+        "big",
+        signed=True,
+    )
 
 
 def notify_channel(schema: str) -> str:
@@ -223,6 +329,29 @@ def migration_lock_key(schema: str) -> int:
         "big",
         signed=True,
     )
+
+
+async def check_schema(conn: Conn, schema: str, where: str) -> None:
+    """For a read-only opening: the schema must exist at :data:`SCHEMA_VERSION` (nothing is
+    created or migrated)."""
+    cur = await conn.execute(
+        "SELECT 1 FROM information_schema.tables WHERE table_schema = %s AND table_name = 'meta'",
+        (schema,),
+    )
+    if await cur.fetchone() is None:
+        raise NotALoomDatabaseError(
+            f"no Loom store at {where}: the schema does not exist",
+            hint="Check the URL and its ?schema=; a read-only opening never creates one",
+        )
+    cur = await conn.execute(f"SELECT value FROM \"{schema}\".meta WHERE key = 'schema_version'")
+    row = await cur.fetchone()
+    version = int(row[0]) if row is not None else 0
+    if version != SCHEMA_VERSION:
+        raise SchemaVersionError(
+            f"the PostgreSQL store at {where} has Loom schema version {version}; this Loom "
+            f"reads version {SCHEMA_VERSION}, and a read-only opening never migrates",
+            hint="Upgrade Loom (newer schema) or open it once for writing (older schema)",
+        )
 
 
 async def migrate(conn: Conn, schema: str, where: str) -> None:
@@ -252,8 +381,11 @@ async def migrate(conn: Conn, schema: str, where: str) -> None:
             return
         try:
             for target in range(version + 1, SCHEMA_VERSION + 1):
-                for statement in MIGRATIONS[target]:
-                    await conn.execute(statement.format(s=s))
+                for step in MIGRATIONS[target]:
+                    if isinstance(step, str):
+                        await conn.execute(step.format(s=s))
+                    else:
+                        await step(conn, s, where)
             await conn.execute(
                 f"INSERT INTO {s}.meta (key, value) VALUES ('schema_version', %s) "
                 "ON CONFLICT (key) DO UPDATE SET value = excluded.value",

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from loom.model import Envelope
+from loom.model import Envelope, ExecutionStatus, ExecutionSummary
 
 __all__ = [
     "EventStore",
+    "ExecutionIndex",
+    "ExecutionPage",
+    "ExecutionQuery",
     "Snapshot",
     "SnapshotStore",
     "Store",
@@ -73,8 +76,11 @@ class EventStore(Protocol):
         """
         ...
 
-    async def read(self, execution_id: str, *, from_sequence: int = 0) -> list[Envelope]:
-        """Envelopes with ``sequence >= from_sequence`` in order; ``[]`` for an unknown id.
+    async def read(
+        self, execution_id: str, *, from_sequence: int = 0, limit: int | None = None
+    ) -> list[Envelope]:
+        """Envelopes with ``sequence >= from_sequence`` in order, at most ``limit`` of them
+        (all when None); ``[]`` for an unknown id.
 
         Raises ``CorruptEventError`` if a record fails its checksum or cannot be decoded.
         """
@@ -174,3 +180,70 @@ class TimerStore(Protocol):
 @runtime_checkable
 class Store(EventStore, SnapshotStore, Protocol):
     """An event store that also keeps snapshots: what ``WorkflowRuntime`` needs."""
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutionQuery:
+    """Filters of an index listing (all optional; they combine with AND).
+
+    ``statuses``: any of these; ``created_after``/``created_before``: exclusive bounds on the
+    start time (epoch seconds); ``id_contains``: a substring of the execution id; ``id_prefix``:
+    ids that start with it (the tenant view uses it). ``limit`` rows per page; ``cursor`` is
+    the ``next_cursor`` of the previous page (None: the first page).
+    """
+
+    statuses: Collection[ExecutionStatus | str] | None = None
+    flow_id: str | None = None
+    parent_id: str | None = None
+    forked_from: str | None = None
+    created_after: float | None = None
+    created_before: float | None = None
+    id_contains: str | None = None
+    id_prefix: str = ""
+    limit: int = 50
+    cursor: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutionPage:
+    """One page of a listing, newest first; ``next_cursor`` is None on the last page."""
+
+    items: list[ExecutionSummary]
+    next_cursor: str | None
+
+
+@runtime_checkable
+class ExecutionIndex(Protocol):
+    """The store-maintained summary of every execution, and a global change feed.
+
+    A summary row is written in the same transaction as the append that changes it (see
+    :func:`loom.model.summarize`), so the index never disagrees with a committed log. Every
+    write of a row gives it the next *change cursor*: cursors grow in commit order across the
+    whole store (every process), so a reader that has seen every change up to cursor ``c``
+    never later finds a new change below ``c``.
+    """
+
+    async def list_executions(self, query: ExecutionQuery) -> ExecutionPage:
+        """One page of the executions matching ``query``, newest first (keyset paging)."""
+        ...
+
+    async def count_executions(self, query: ExecutionQuery) -> int:
+        """How many executions match ``query`` (its ``limit`` and ``cursor`` are ignored)."""
+        ...
+
+    async def get_summary(self, execution_id: str) -> ExecutionSummary | None:
+        """The summary of one execution, or None."""
+        ...
+
+    async def changes(
+        self, after: int, limit: int = 100, *, id_prefix: str = ""
+    ) -> list[ExecutionSummary]:
+        """Summaries whose last change has a cursor > ``after``, ascending by cursor (at most
+        ``limit``; ids starting with ``id_prefix``). An execution that changed several times
+        since ``after`` appears once, as it is now."""
+        ...
+
+    async def wait_for_changes(self, after: int, *, timeout: float | None = None) -> int:
+        """Wait until some change has a cursor > ``after`` (or ``timeout``); return the highest
+        committed cursor either way (0 when the index is empty)."""
+        ...

@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
 from loom import faults
 from loom.errors import DuplicateEnvelopeIdError, StorageWriteError
-from loom.model import Envelope, decode_json, encode_json
+from loom.model import (
+    Envelope,
+    ExecutionSummary,
+    SummaryChange,
+    decode_json,
+    encode_json,
+    summary_change,
+)
 from loom.storage._common import (
     SNAPSHOT_LIMITS,
     Waiters,
@@ -17,7 +25,8 @@ from loom.storage._common import (
     refusal_for,
     take_over_refusal,
 )
-from loom.storage._spi import Snapshot, Timer
+from loom.storage._index import FEED_KEY, encode_page_cursor, matches
+from loom.storage._spi import ExecutionPage, ExecutionQuery, Snapshot, Timer
 
 __all__ = ["InMemoryStore"]
 
@@ -39,6 +48,8 @@ class InMemoryStore:
         self._waiters = Waiters()
         self._closed = False
         self._timers: dict[tuple[str, int], tuple[Timer, str | None, float]] = {}
+        self._summaries: dict[str, ExecutionSummary] = {}
+        self._cursor = 0
 
     def _check_open(self) -> None:
         if self._closed:
@@ -58,8 +69,9 @@ class InMemoryStore:
             self._heads[execution_id] = head
             head.events.extend(envelopes)
             self._envelope_ids.update(e.envelope_id for e in envelopes)
+            changed = self._index(execution_id, envelopes)
         faults.hit("after_append_before_ack")
-        self._waiters.notify([execution_id])
+        self._waiters.notify([execution_id, FEED_KEY] if changed else [execution_id])
 
     async def take_over(self, envelopes: Sequence[Envelope], *, from_fence: int) -> None:
         execution_id, first = check_take_over(envelopes, from_fence)
@@ -78,8 +90,19 @@ class InMemoryStore:
             head.events.extend(envelopes)
             self._heads[execution_id] = head
             self._envelope_ids.update(e.envelope_id for e in envelopes)
+            changed = self._index(execution_id, envelopes)
         faults.hit("after_append_before_ack")
-        self._waiters.notify([execution_id])
+        self._waiters.notify([execution_id, FEED_KEY] if changed else [execution_id])
+
+    def _index(self, execution_id: str, envelopes: Sequence[Envelope]) -> bool:
+        """Update the summary under the store's lock (one commit order for the cursor)."""
+        change: SummaryChange | None = summary_change(envelopes)
+        if change is None:
+            return False
+        self._cursor += 1
+        new = change.apply(self._summaries.get(execution_id))
+        self._summaries[execution_id] = dataclasses.replace(new, cursor=self._cursor)
+        return True
 
     def _check_ids(self, execution_id: str, envelopes: Sequence[Envelope]) -> None:
         ids = [e.envelope_id for e in envelopes]
@@ -90,10 +113,16 @@ class InMemoryStore:
                 f"envelope id {dup!r} is already stored", execution_id=execution_id
             )
 
-    async def read(self, execution_id: str, *, from_sequence: int = 0) -> list[Envelope]:
+    async def read(
+        self, execution_id: str, *, from_sequence: int = 0, limit: int | None = None
+    ) -> list[Envelope]:
         with self._lock:
             head = self._heads.get(execution_id)
-            return list(head.events[max(from_sequence, 0) :]) if head else []
+            if head is None:
+                return []
+            start = max(from_sequence, 0)
+            end = None if limit is None else start + max(limit, 0)
+            return list(head.events[start:end])
 
     async def last_sequence(self, execution_id: str) -> int:
         with self._lock:
@@ -133,6 +162,41 @@ class InMemoryStore:
         return await self._waiters.wait(
             execution_id, after_sequence, timeout, self.last_sequence, None
         )
+
+    async def list_executions(self, query: ExecutionQuery) -> ExecutionPage:
+        with self._lock:
+            found = [s for s in self._summaries.values() if matches(query, s, paged=True)]
+        found.sort(key=lambda s: (s.created_at, s.execution_id), reverse=True)
+        limit = max(query.limit, 1)
+        items = found[:limit]
+        return ExecutionPage(items, encode_page_cursor(items[-1]) if len(found) > limit else None)
+
+    async def count_executions(self, query: ExecutionQuery) -> int:
+        with self._lock:
+            return sum(1 for s in self._summaries.values() if matches(query, s, paged=False))
+
+    async def get_summary(self, execution_id: str) -> ExecutionSummary | None:
+        with self._lock:
+            return self._summaries.get(execution_id)
+
+    async def changes(
+        self, after: int, limit: int = 100, *, id_prefix: str = ""
+    ) -> list[ExecutionSummary]:
+        with self._lock:
+            found = [
+                s
+                for s in self._summaries.values()
+                if s.cursor > after and s.execution_id.startswith(id_prefix)
+            ]
+        found.sort(key=lambda s: s.cursor)
+        return found[: max(limit, 1)]
+
+    async def _last_cursor(self, _key: str = "") -> int:
+        with self._lock:
+            return self._cursor
+
+    async def wait_for_changes(self, after: int, *, timeout: float | None = None) -> int:
+        return await self._waiters.wait(FEED_KEY, after, timeout, self._last_cursor, None)
 
     async def save_snapshot(self, snapshot: Snapshot) -> None:
         self._check_open()

@@ -39,7 +39,14 @@ from loom.errors import (
     StorageError,
     StorageWriteError,
 )
-from loom.model import DEFAULT_LIMITS, Envelope, PayloadLimits, encode_json
+from loom.model import (
+    DEFAULT_LIMITS,
+    Envelope,
+    ExecutionSummary,
+    PayloadLimits,
+    encode_json,
+    summary_change,
+)
 from loom.storage._common import (
     SNAPSHOT_LIMITS,
     Waiters,
@@ -49,6 +56,13 @@ from loom.storage._common import (
     decode_snapshot,
     snapshot_checksum,
 )
+from loom.storage._index import (
+    FEED_KEY,
+    SUMMARY_COLUMNS,
+    encode_page_cursor,
+    summary_from_row,
+    where_clause,
+)
 from loom.storage._postgres_commit import GroupCommit, WriteKind, WriteRequest
 from loom.storage._postgres_listen import NotifyListener
 from loom.storage._postgres_sql import (
@@ -56,11 +70,13 @@ from loom.storage._postgres_sql import (
     SCHEMA_NAME,
     SCHEMA_VERSION,
     Conn,
+    check_schema,
+    cursor_lock_key,
     migrate,
     notify_channel,
     statements,
 )
-from loom.storage._spi import Snapshot, Timer
+from loom.storage._spi import ExecutionPage, ExecutionQuery, Snapshot, Timer
 
 __all__ = ["SCHEMA_VERSION", "PostgresStore"]
 
@@ -119,6 +135,7 @@ class PostgresStore(GroupCommit):
         safety_poll_interval: float = 1.0,
         notify: bool = True,
         limits: PayloadLimits = DEFAULT_LIMITS,
+        read_only: bool = False,
     ) -> None:
         if not SCHEMA_NAME.fullmatch(schema):
             raise ConfigurationError(
@@ -145,8 +162,10 @@ class PostgresStore(GroupCommit):
         self.safety_poll_interval = safety_poll_interval
         self.limits = limits
         self.notify = notify
+        self.read_only = read_only
         self._sql = statements(schema, notify=notify)
         self._channel = notify_channel(schema)
+        self._cursor_lock = cursor_lock_key(schema)
         self._pool: AsyncConnectionPool[Conn] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._open_lock = asyncio.Lock()
@@ -230,7 +249,10 @@ class PostgresStore(GroupCommit):
         try:
             await pool.open(wait=self.pool_min > 0, timeout=self.connect_timeout)
             async with pool.connection(timeout=self.connect_timeout) as conn:
-                await migrate(conn, self.schema, self._where())
+                if self.read_only:
+                    await check_schema(conn, self.schema, self._where())
+                else:
+                    await migrate(conn, self.schema, self._where())
         except psycopg.Error as exc:
             await pool.close()
             raise StorageError(
@@ -249,6 +271,13 @@ class PostgresStore(GroupCommit):
             raise ConfigurationError(f"not a Loom schema name: {schema!r}")
         async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
             await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+    def _writable(self) -> None:
+        if self.read_only:
+            raise StorageWriteError(
+                f"the PostgreSQL store ({self._where()}) was opened read-only; nothing was written",
+                hint="Open it without read_only=True to write",
+            )
 
     # ---------------------------------------------------------------- reads
 
@@ -295,6 +324,7 @@ class PostgresStore(GroupCommit):
         self, kind: WriteKind, envelopes: Sequence[Envelope], first: int, fence: int
     ) -> None:
         """Queue one event write (``fence``: see :attr:`WriteRequest.fence`) and await it."""
+        self._writable()
         execution_id = envelopes[0].execution_id
         _storable(execution_id, "execution id")
         for e in envelopes:
@@ -315,13 +345,33 @@ class PostgresStore(GroupCommit):
             statement = "create" if fence == 0 else "take_over"
         else:
             statement = "append"
+        change = summary_change(envelopes)
+        index = ""
+        if change is not None:
+            summary = change.apply(None)
+            index = "_start" if change.started else "_change"
+            params.update(
+                lock=self._cursor_lock,
+                feed=FEED_KEY,
+                x_eid=execution_id,
+                x_flow=summary.flow_id,
+                x_version=summary.flow_version,
+                x_status=summary.status.value,
+                x_waiting=summary.waiting_for,
+                x_parent=summary.parent_id,
+                x_forked=summary.forked_from,
+                x_created=summary.created_at,
+                x_updated=summary.updated_at,
+            )
+            for text in (summary.flow_id, summary.flow_version, summary.waiting_for or ""):
+                _storable(text, "summary field")
         if len(envelopes) == 1:
             e = envelopes[0]
             params.update(
                 id=e.envelope_id, type=str(e.type), payload=e.payload_json, at=e.recorded_at
             )
             params["sum"] = sums[0]
-            sql = self._sql[f"{statement}_one"]
+            sql = self._sql[f"{statement}_one{index}"]
         else:
             params.update(
                 seqs=[e.sequence for e in envelopes],
@@ -331,7 +381,7 @@ class PostgresStore(GroupCommit):
                 ats=[e.recorded_at for e in envelopes],
                 sums=sums,
             )
-            sql = self._sql[f"{statement}_many"]
+            sql = self._sql[f"{statement}_many{index}"]
         req = WriteRequest(
             kind,
             execution_id,
@@ -345,11 +395,17 @@ class PostgresStore(GroupCommit):
         )
         await self._submit(req)
 
-    async def read(self, execution_id: str, *, from_sequence: int = 0) -> list[Envelope]:
+    async def read(
+        self, execution_id: str, *, from_sequence: int = 0, limit: int | None = None
+    ) -> list[Envelope]:
         """See :meth:`loom.storage.EventStore.read`."""
         if "\x00" in execution_id:
             return []  # nothing can be stored under it
-        rows = await self._fetch(self._sql["read"], (execution_id, from_sequence))
+        if limit is None:
+            rows = await self._fetch(self._sql["read"], (execution_id, from_sequence))
+        else:
+            sql = self._sql["read"] + " LIMIT %s"
+            rows = await self._fetch(sql, (execution_id, from_sequence, max(limit, 0)))
         limits = self.limits
         return [
             decode_envelope(execution_id, r[0], r[1], r[2], r[3], r[4], r[5], r[6], limits)
@@ -365,6 +421,7 @@ class PostgresStore(GroupCommit):
 
     async def acquire_fence(self, execution_id: str) -> int:
         """See :meth:`loom.storage.EventStore.acquire_fence`."""
+        self._writable()
         _storable(execution_id, "execution id")
         req = WriteRequest(
             "fence",
@@ -435,10 +492,76 @@ class PostgresStore(GroupCommit):
             if self._waiting[execution_id] <= 0:
                 del self._waiting[execution_id]
 
+    # ---------------------------------------------------------------- ExecutionIndex
+
+    async def list_executions(self, query: ExecutionQuery) -> ExecutionPage:
+        """See :meth:`loom.storage.ExecutionIndex.list_executions`."""
+        where, params = where_clause(query, "%s", paged=True, instr="strpos")
+        limit = max(query.limit, 1)
+        rows = await self._fetch(
+            f'SELECT {SUMMARY_COLUMNS} FROM "{self.schema}".executions{where} '
+            "ORDER BY created_at DESC, execution_id DESC LIMIT %s",
+            (*params, limit + 1),
+        )
+        items = [summary_from_row(r) for r in rows[:limit]]
+        return ExecutionPage(items, encode_page_cursor(items[-1]) if len(rows) > limit else None)
+
+    async def count_executions(self, query: ExecutionQuery) -> int:
+        """See :meth:`loom.storage.ExecutionIndex.count_executions`."""
+        where, params = where_clause(query, "%s", paged=False, instr="strpos")
+        rows = await self._fetch(f'SELECT count(*) FROM "{self.schema}".executions{where}', params)
+        return int(rows[0][0])
+
+    async def get_summary(self, execution_id: str) -> ExecutionSummary | None:
+        """See :meth:`loom.storage.ExecutionIndex.get_summary`."""
+        if not _storable_text(execution_id):
+            return None
+        rows = await self._fetch(self._sql["summary"], (execution_id,))
+        return summary_from_row(rows[0]) if rows else None
+
+    async def changes(
+        self, after: int, limit: int = 100, *, id_prefix: str = ""
+    ) -> list[ExecutionSummary]:
+        """See :meth:`loom.storage.ExecutionIndex.changes`."""
+        rows = await self._fetch(self._sql["changes"], (after, id_prefix, max(limit, 1)))
+        return [summary_from_row(r) for r in rows]
+
+    async def _last_cursor(self, _key: str = "") -> int:
+        rows = await self._fetch(self._sql["last_cursor"], ())
+        return int(rows[0][0])
+
+    async def wait_for_changes(self, after: int, *, timeout: float | None = None) -> int:
+        """See :meth:`loom.storage.ExecutionIndex.wait_for_changes`.
+
+        Woken by a notification that summary-changing appends send on commit (any process),
+        then re-queried by cursor; polls as :meth:`wait_for_append` does when not listening.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        await self._ensure_open()
+        if self.notify:
+            self._listener.ensure()
+            if not self._listening.is_set():
+                budget = self.connect_timeout if deadline is None else deadline - loop.time()
+                try:
+                    await asyncio.wait_for(self._listening.wait(), max(0.0, budget))
+                except TimeoutError:
+                    pass
+        remaining = None if deadline is None else max(0.0, deadline - loop.time())
+        poll = self.safety_poll_interval if self._listening.is_set() else self.poll_interval
+        self._waiting[FEED_KEY] += 1
+        try:
+            return await self._waiters.wait(FEED_KEY, after, remaining, self._last_cursor, poll)
+        finally:
+            self._waiting[FEED_KEY] -= 1
+            if self._waiting[FEED_KEY] <= 0:
+                del self._waiting[FEED_KEY]
+
     # ---------------------------------------------------------------- SnapshotStore
 
     async def save_snapshot(self, snapshot: Snapshot) -> None:
         """See :meth:`loom.storage.SnapshotStore.save_snapshot`."""
+        self._writable()
         _storable(snapshot.execution_id, "execution id")
         state_json = encode_json(snapshot.state, limits=SNAPSHOT_LIMITS, what="snapshot")
         _storable(state_json, "snapshot")
@@ -484,6 +607,7 @@ class PostgresStore(GroupCommit):
         have claimed are handed out again when the lease expires.
         """
         _storable(owner, "timer owner")
+        self._writable()
         if limit < 1:
             return []
         pool = await self._ensure_open()
@@ -531,6 +655,7 @@ class PostgresStore(GroupCommit):
 
     async def _write(self, kind: WriteKind, execution_id: str, sql: str, params: Any) -> Any:
         """Commit one statement through the group commit; its one row's count is the result."""
+        self._writable()
         future = asyncio.get_running_loop().create_future()
         return await self._submit(WriteRequest(kind, execution_id, sql, params, future))
 

@@ -32,11 +32,19 @@ from loom.errors import (
     ConfigurationError,
     DuplicateEnvelopeIdError,
     LoomError,
-    SchemaVersionError,
+    NotALoomDatabaseError,
     StorageError,
     StorageWriteError,
 )
-from loom.model import DEFAULT_LIMITS, Envelope, PayloadLimits, encode_json
+from loom.model import (
+    DEFAULT_LIMITS,
+    Envelope,
+    ExecutionSummary,
+    PayloadLimits,
+    SummaryChange,
+    encode_json,
+    summary_change,
+)
 from loom.storage._common import (
     SNAPSHOT_LIMITS,
     Waiters,
@@ -48,48 +56,60 @@ from loom.storage._common import (
     snapshot_checksum,
     take_over_refusal,
 )
-from loom.storage._spi import Snapshot, Timer
+from loom.storage._index import (
+    FEED_KEY,
+    SUMMARY_COLUMNS,
+    encode_page_cursor,
+    summary_from_row,
+    where_clause,
+)
+from loom.storage._schema import SCHEMA_VERSION
+from loom.storage._spi import ExecutionPage, ExecutionQuery, Snapshot, Timer
+from loom.storage._sqlite_schema import check_readable, migrate
 
-__all__ = ["SQLiteStore"]
+__all__ = ["SCHEMA_VERSION", "SQLiteStore"]
 
-SCHEMA_VERSION = 1
+# One writer at a time (BEGIN IMMEDIATE, across processes) makes max + 1 a commit-ordered
+# change cursor: no reader of the feed can ever find a later commit below a cursor it has seen.
+_NEXT_CURSOR = "(SELECT coalesce(max(cursor), 0) + 1 FROM loom_executions)"
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS loom_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS loom_heads (
-    execution_id TEXT PRIMARY KEY,
-    fence INTEGER NOT NULL,
-    next_sequence INTEGER NOT NULL
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS loom_events (
-    execution_id TEXT NOT NULL,
-    sequence INTEGER NOT NULL,
-    envelope_id TEXT NOT NULL UNIQUE,
-    type TEXT NOT NULL,
-    payload TEXT NOT NULL,
-    recorded_at REAL NOT NULL,
-    fence INTEGER NOT NULL,
-    checksum TEXT NOT NULL,
-    PRIMARY KEY (execution_id, sequence)
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS loom_timers (
-    execution_id TEXT NOT NULL,
-    position INTEGER NOT NULL,
-    fire_at REAL NOT NULL,
-    kind TEXT NOT NULL,
-    flow_id TEXT NOT NULL DEFAULT '',
-    claimed_by TEXT,
-    claimed_until REAL NOT NULL DEFAULT 0,
-    PRIMARY KEY (execution_id, position)
-) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS loom_timers_due ON loom_timers (fire_at);
-CREATE TABLE IF NOT EXISTS loom_snapshots (
-    execution_id TEXT PRIMARY KEY,
-    sequence INTEGER NOT NULL,
-    state TEXT NOT NULL,
-    checksum TEXT NOT NULL
-) WITHOUT ROWID;
-"""
+# A start sets every field (forked_from survives a fork record written before it); any later
+# change sets status, waiting-for and the time. Both are upserts, so the row exists whatever
+# the order (that is SummaryChange.apply with the previous row read by SQLite).
+_INDEX_START = (
+    f"INSERT INTO loom_executions ({SUMMARY_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, "
+    f"{_NEXT_CURSOR}) ON CONFLICT (execution_id) DO UPDATE SET flow_id = excluded.flow_id, "
+    "flow_version = excluded.flow_version, status = excluded.status, "
+    "waiting_for = excluded.waiting_for, parent_id = excluded.parent_id, "
+    "forked_from = coalesce(excluded.forked_from, loom_executions.forked_from), "
+    "created_at = excluded.created_at, updated_at = excluded.updated_at, "
+    "cursor = excluded.cursor"
+)
+_INDEX_CHANGE = (
+    f"INSERT INTO loom_executions ({SUMMARY_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, "
+    f"{_NEXT_CURSOR}) ON CONFLICT (execution_id) DO UPDATE SET status = excluded.status, "
+    "waiting_for = excluded.waiting_for, "
+    "forked_from = coalesce(excluded.forked_from, loom_executions.forked_from), "
+    "updated_at = excluded.updated_at, cursor = excluded.cursor"
+)
+
+
+def _write_index(conn: sqlite3.Connection, change: SummaryChange) -> None:
+    s = change.apply(None)
+    conn.execute(
+        _INDEX_START if change.started else _INDEX_CHANGE,
+        (
+            s.execution_id,
+            s.flow_id,
+            s.flow_version,
+            s.status.value,
+            s.waiting_for,
+            s.parent_id,
+            s.forked_from,
+            s.created_at,
+            s.updated_at,
+        ),
+    )
 
 
 _INSERT_EVENT = (
@@ -144,6 +164,7 @@ class _Request:
     apply: Callable[[sqlite3.Connection], Any]
     future: asyncio.Future[Any]
     notify: str | None = None
+    feed: bool = False
     result: Any = None
     error: BaseException | None = field(default=None)
 
@@ -183,6 +204,8 @@ class SQLiteStore:
         max_batch: int = 1024,
         poll_interval: float = 0.05,
         limits: PayloadLimits = DEFAULT_LIMITS,
+        read_only: bool = False,
+        create: bool = True,
     ) -> None:
         if synchronous not in ("FULL", "NORMAL"):
             raise ConfigurationError(f"synchronous must be 'FULL' or 'NORMAL', not {synchronous!r}")
@@ -193,6 +216,7 @@ class SQLiteStore:
         self.max_batch = max_batch if group_commit else 1
         self.poll_interval = poll_interval
         self.limits = limits
+        self.read_only = read_only
         self._waiters = Waiters()
         self._local = threading.local()
         self._readers: list[sqlite3.Connection] = []
@@ -205,18 +229,46 @@ class SQLiteStore:
         self._writer_pid = 0
         self._broken: BaseException | None = None
         self._closed = False
-        if self.path != ":memory:":
+        memory = self.path == ":memory:"
+        if (read_only or not create) and (memory or not Path(self.path).is_file()):
+            raise NotALoomDatabaseError(
+                f"no Loom database at {self.path}: the file does not exist",
+                hint="Check the path; only an opening with create=True makes a new database",
+            )
+        if not memory and not read_only:
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-        # Create (or check) the schema now so a bad file fails at construction, not mid-flow.
-        conn = self._connect()
+        # Check (and create or migrate) the schema now, so a bad file fails at construction,
+        # not mid-flow; a file that is not a Loom database is refused before anything (not
+        # even the journal mode) is changed in it.
         try:
-            self._migrate(conn)
+            conn = self._connect(setup=False)
+        except sqlite3.Error as exc:
+            raise NotALoomDatabaseError(f"cannot open {self.path} as SQLite: {exc}") from exc
+        try:
+            if read_only:
+                check_readable(conn, self.path)
+            else:
+                migrate(conn, self.path)
+                conn.execute("PRAGMA journal_mode = WAL")
         finally:
             conn.close()
 
     # ---------------------------------------------------------------- connections
 
-    def _connect(self) -> sqlite3.Connection:
+    def _connect(self, *, setup: bool = True) -> sqlite3.Connection:
+        if self.read_only:
+            # mode=ro: SQLite itself refuses every write, and nothing (no journal switch, no
+            # schema) is ever done to the file.
+            uri = f"{Path(self.path).resolve().as_uri()}?mode=ro"
+            conn = sqlite3.connect(
+                uri,
+                uri=True,
+                timeout=self.busy_timeout,
+                isolation_level=None,
+                check_same_thread=False,
+            )
+            conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
+            return conn
         conn = sqlite3.connect(
             self.path,
             timeout=self.busy_timeout,
@@ -224,32 +276,10 @@ class SQLiteStore:
             check_same_thread=False,
         )
         conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
-        conn.execute("PRAGMA journal_mode = WAL")
-        conn.execute(f"PRAGMA synchronous = {self.synchronous}")
+        if setup:
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute(f"PRAGMA synchronous = {self.synchronous}")
         return conn
-
-    def _migrate(self, conn: sqlite3.Connection) -> None:
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            for statement in filter(None, (s.strip() for s in _SCHEMA.split(";"))):
-                conn.execute(statement)
-            row = conn.execute(
-                "SELECT value FROM loom_meta WHERE key = 'schema_version'"
-            ).fetchone()
-            if row is None:
-                conn.execute(
-                    "INSERT INTO loom_meta (key, value) VALUES ('schema_version', ?)",
-                    (str(SCHEMA_VERSION),),
-                )
-            elif int(row[0]) > SCHEMA_VERSION:
-                raise SchemaVersionError(
-                    f"{self.path} has Loom schema version {row[0]}; this Loom reads up to "
-                    f"{SCHEMA_VERSION}"
-                )
-            conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
 
     def _reader(self) -> sqlite3.Connection:
         if self._closed:
@@ -259,7 +289,8 @@ class SQLiteStore:
         if conn is None or getattr(self._local, "pid", None) != pid:
             # Connections never cross a fork: a child opens its own.
             conn = self._connect()
-            conn.execute("PRAGMA query_only = ON")
+            if not self.read_only:
+                conn.execute("PRAGMA query_only = ON")
             self._local.conn = conn
             self._local.pid = pid
             with self._readers_lock:
@@ -276,7 +307,13 @@ class SQLiteStore:
             self._writer_pid = pid
         return self._writer
 
-    async def _submit(self, apply: Callable[[sqlite3.Connection], Any], notify: str | None) -> Any:
+    async def _submit(
+        self,
+        apply: Callable[[sqlite3.Connection], Any],
+        notify: str | None,
+        *,
+        feed: bool = False,
+    ) -> Any:
         """Queue one write and commit it, coalesced with every write queued meanwhile.
 
         The first caller on an event loop becomes the leader: it yields once so that other
@@ -286,13 +323,18 @@ class SQLiteStore:
         """
         if self._closed:
             raise StorageWriteError(f"the SQLite store {self.path} is closed")
+        if self.read_only:
+            raise StorageWriteError(
+                f"the SQLite store {self.path} was opened read-only; nothing was written",
+                hint="Open it without read_only=True to write",
+            )
         if self._broken is not None:
             raise StorageWriteError(
                 f"the SQLite writer for {self.path} stopped after a failed commit; "
                 "nothing was written. Reopen the store after checking the disk",
             ) from self._broken
         loop = asyncio.get_running_loop()
-        req = _Request(apply, loop.create_future(), notify)
+        req = _Request(apply, loop.create_future(), notify, feed)
         lane = self._lanes.get(loop)
         if lane is None:
             lane = self._lanes[loop] = _Lane()
@@ -392,7 +434,11 @@ class SQLiteStore:
     def _answer_all(self, batch: list[_Request]) -> None:
         for req in batch:
             _answer(req)
-        self._waiters.notify([r.notify for r in batch if r.notify and r.error is None])
+        ok = [r for r in batch if r.error is None]
+        keys = [r.notify for r in ok if r.notify]
+        if any(r.feed for r in ok):
+            keys.append(FEED_KEY)
+        self._waiters.notify(keys)
 
     # ---------------------------------------------------------------- EventStore
 
@@ -400,6 +446,7 @@ class SQLiteStore:
         execution_id, first, fence = batch_head(envelopes)
         rows = [_event_row(e) for e in envelopes]
         count = len(rows)
+        change = summary_change(envelopes)
 
         def apply(conn: sqlite3.Connection) -> None:
             # The fence-guarded update is the whole check on the happy path: one row changes
@@ -430,13 +477,16 @@ class SQLiteStore:
                     (first, execution_id),
                 ),
             )
+            if change is not None:
+                _write_index(conn, change)
 
-        await self._submit(apply, execution_id)
+        await self._submit(apply, execution_id, feed=change is not None)
 
     async def take_over(self, envelopes: Sequence[Envelope], *, from_fence: int) -> None:
         execution_id, first = check_take_over(envelopes, from_fence)
         rows = [_event_row(e) for e in envelopes]
         count = len(rows)
+        change = summary_change(envelopes)
 
         def apply(conn: sqlite3.Connection) -> None:
             head = conn.execute(
@@ -466,16 +516,21 @@ class SQLiteStore:
                     )
 
             _insert_or_undo(conn, execution_id, rows, first, undo_head)
+            if change is not None:
+                _write_index(conn, change)
 
-        await self._submit(apply, execution_id)
+        await self._submit(apply, execution_id, feed=change is not None)
 
-    async def read(self, execution_id: str, *, from_sequence: int = 0) -> list[Envelope]:
+    async def read(
+        self, execution_id: str, *, from_sequence: int = 0, limit: int | None = None
+    ) -> list[Envelope]:
         rows = (
             self._reader()
             .execute(
                 "SELECT envelope_id, sequence, type, payload, recorded_at, fence, checksum "
-                "FROM loom_events WHERE execution_id = ? AND sequence >= ? ORDER BY sequence",
-                (execution_id, from_sequence),
+                "FROM loom_events WHERE execution_id = ? AND sequence >= ? ORDER BY sequence "
+                "LIMIT ?",
+                (execution_id, from_sequence, -1 if limit is None else max(limit, 0)),
             )
             .fetchall()
         )
@@ -541,6 +596,69 @@ class SQLiteStore:
         # In-process appends wake waiters at once; other processes' appends are seen by polling.
         return await self._waiters.wait(
             execution_id, after_sequence, timeout, self.last_sequence, self.poll_interval
+        )
+
+    # ---------------------------------------------------------------- ExecutionIndex
+
+    async def list_executions(self, query: ExecutionQuery) -> ExecutionPage:
+        """See :meth:`loom.storage.ExecutionIndex.list_executions`."""
+        where, params = where_clause(query, "?", paged=True)
+        limit = max(query.limit, 1)
+        rows = (
+            self._reader()
+            .execute(
+                f"SELECT {SUMMARY_COLUMNS} FROM loom_executions{where} "
+                "ORDER BY created_at DESC, execution_id DESC LIMIT ?",
+                (*params, limit + 1),
+            )
+            .fetchall()
+        )
+        items = [summary_from_row(r) for r in rows[:limit]]
+        more = len(rows) > limit
+        return ExecutionPage(items, encode_page_cursor(items[-1]) if more else None)
+
+    async def count_executions(self, query: ExecutionQuery) -> int:
+        """See :meth:`loom.storage.ExecutionIndex.count_executions`."""
+        where, params = where_clause(query, "?", paged=False)
+        row = self._reader().execute(f"SELECT count(*) FROM loom_executions{where}", params)
+        return int(row.fetchone()[0])
+
+    async def get_summary(self, execution_id: str) -> ExecutionSummary | None:
+        """See :meth:`loom.storage.ExecutionIndex.get_summary`."""
+        row = (
+            self._reader()
+            .execute(
+                f"SELECT {SUMMARY_COLUMNS} FROM loom_executions WHERE execution_id = ?",
+                (execution_id,),
+            )
+            .fetchone()
+        )
+        return None if row is None else summary_from_row(row)
+
+    async def changes(
+        self, after: int, limit: int = 100, *, id_prefix: str = ""
+    ) -> list[ExecutionSummary]:
+        """See :meth:`loom.storage.ExecutionIndex.changes`."""
+        rows = (
+            self._reader()
+            .execute(
+                f"SELECT {SUMMARY_COLUMNS} FROM loom_executions WHERE cursor > ? "
+                "AND substr(execution_id, 1, ?) = ? ORDER BY cursor LIMIT ?",
+                (after, len(id_prefix), id_prefix, max(limit, 1)),
+            )
+            .fetchall()
+        )
+        return [summary_from_row(r) for r in rows]
+
+    async def _last_cursor(self, _key: str = "") -> int:
+        row = self._reader().execute("SELECT max(cursor) FROM loom_executions").fetchone()
+        return int(row[0] or 0)
+
+    async def wait_for_changes(self, after: int, *, timeout: float | None = None) -> int:
+        """See :meth:`loom.storage.ExecutionIndex.wait_for_changes` (this process's writes
+        wake it at once; other processes' are seen by polling every ``poll_interval``)."""
+        return await self._waiters.wait(
+            FEED_KEY, after, timeout, self._last_cursor, self.poll_interval
         )
 
     # ---------------------------------------------------------------- SnapshotStore

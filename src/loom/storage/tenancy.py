@@ -41,8 +41,18 @@ from loom.errors import (
     StartFencedOutError,
     StorageWriteError,
 )
-from loom.model import Envelope
-from loom.storage._spi import EventStore, Snapshot, SnapshotStore, Timer, TimerStore
+from loom.model import Envelope, ExecutionSummary
+from loom.storage._index import decode_page_cursor, encode_page_cursor
+from loom.storage._spi import (
+    EventStore,
+    ExecutionIndex,
+    ExecutionPage,
+    ExecutionQuery,
+    Snapshot,
+    SnapshotStore,
+    Timer,
+    TimerStore,
+)
 
 __all__ = ["MAX_TENANT_LENGTH", "SEPARATOR", "TenantScopedEventStore"]
 
@@ -182,10 +192,12 @@ class TenantScopedEventStore:
             )
         )
 
-    async def read(self, execution_id: str, *, from_sequence: int = 0) -> list[Envelope]:
+    async def read(
+        self, execution_id: str, *, from_sequence: int = 0, limit: int | None = None
+    ) -> list[Envelope]:
         """The tenant's envelopes of ``execution_id`` with its own (unscoped) ids."""
         envelopes = await self._call(
-            self.store.read(self._scope(execution_id), from_sequence=from_sequence)
+            self.store.read(self._scope(execution_id), from_sequence=from_sequence, limit=limit)
         )
         return [self._unscope_envelope(e) for e in envelopes]
 
@@ -234,6 +246,67 @@ class TenantScopedEventStore:
         self._closed = True
         if self.close_store:
             await self.store.close()
+
+    # ---------------------------------------------------------------- ExecutionIndex
+
+    def _index(self) -> ExecutionIndex:
+        if not isinstance(self.store, ExecutionIndex):
+            raise ConfigurationError(f"{self.store!r} keeps no execution index")
+        return self.store
+
+    def _unscope_summary(self, summary: ExecutionSummary) -> ExecutionSummary:
+        return dataclasses.replace(summary, execution_id=self._unscope(summary.execution_id))
+
+    def _scoped_query(self, query: ExecutionQuery) -> ExecutionQuery:
+        cursor = query.cursor
+        if cursor is not None:
+            created, execution_id = decode_page_cursor(cursor)
+            cursor = f"{created!r}|{self._scope(execution_id)}"
+        return dataclasses.replace(query, id_prefix=self._scope(query.id_prefix), cursor=cursor)
+
+    def _visible(self, query: ExecutionQuery, summary: ExecutionSummary) -> bool:
+        # id_contains ran on the scoped id; a match that spans the tenant prefix is not one.
+        return not query.id_contains or query.id_contains in summary.execution_id
+
+    async def list_executions(self, query: ExecutionQuery) -> ExecutionPage:
+        """The tenant's executions only (see :meth:`loom.storage.ExecutionIndex`)."""
+        page = await self._call(self._index().list_executions(self._scoped_query(query)))
+        items = [self._unscope_summary(s) for s in page.items]
+        next_cursor = None if page.next_cursor is None else encode_page_cursor(items[-1])
+        return ExecutionPage([s for s in items if self._visible(query, s)], next_cursor)
+
+    async def count_executions(self, query: ExecutionQuery) -> int:
+        """How many of the tenant's executions match ``query``."""
+        if query.id_contains:
+            count, cursor = 0, None
+            while True:
+                page = await self.list_executions(
+                    dataclasses.replace(query, limit=1000, cursor=cursor)
+                )
+                count += len(page.items)
+                if page.next_cursor is None:
+                    return count
+                cursor = page.next_cursor
+        return await self._call(self._index().count_executions(self._scoped_query(query)))
+
+    async def get_summary(self, execution_id: str) -> ExecutionSummary | None:
+        """The summary of the tenant's execution, or None."""
+        found = await self._call(self._index().get_summary(self._scope(execution_id)))
+        return None if found is None else self._unscope_summary(found)
+
+    async def changes(
+        self, after: int, limit: int = 100, *, id_prefix: str = ""
+    ) -> list[ExecutionSummary]:
+        """The tenant's changes after the (store-wide) cursor ``after``."""
+        found = await self._call(
+            self._index().changes(after, limit, id_prefix=self._scope(id_prefix))
+        )
+        return [self._unscope_summary(s) for s in found]
+
+    async def wait_for_changes(self, after: int, *, timeout: float | None = None) -> int:
+        """Wait for a change anywhere in the store (cursors are store-wide positions): a
+        feed reader re-queries :meth:`changes`, which shows only the tenant's."""
+        return await self._call(self._index().wait_for_changes(after, timeout=timeout))
 
     # ---------------------------------------------------------------- SnapshotStore
 

@@ -1,6 +1,7 @@
 """Test support shipped with Loom: conformance kits users can run against their own stores and
 dispatchers, and helpers for testing flows."""
 
+from loom.testing import _index_conformance  # noqa: F401  (registers the index checks)
 from loom.testing._clock import SkippingClock
 from loom.testing._dispatcher_conformance import (
     DISPATCHER_CHECKS,

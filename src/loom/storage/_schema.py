@@ -1,0 +1,20 @@
+"""The one schema version number shared by every durable store, and what each rung adds.
+
+SQLite and PostgreSQL climb the same ladder: a database at version N is brought to
+:data:`SCHEMA_VERSION` by applying rungs N+1.. in ONE transaction (SQLite: ``BEGIN IMMEDIATE``;
+PostgreSQL: under an advisory lock), so nobody ever sees a half-migrated schema. A database
+written by a newer Loom is refused with ``SchemaVersionError``. A new schema change is a new
+rung in both dialects (``_sqlite_schema.MIGRATIONS`` and ``_postgres_sql.MIGRATIONS``) and a
+bump here; a rung that does not apply to one dialect is an empty tuple there.
+
+1. heads, events, snapshots (SQLite's first version also created its timers table).
+2. timers (PostgreSQL; SQLite already had them).
+3. the execution index (``executions``: one summary row per execution, a global change cursor),
+   back-filled from the existing logs.
+"""
+
+from __future__ import annotations
+
+__all__ = ["SCHEMA_VERSION"]
+
+SCHEMA_VERSION = 3
