@@ -3,6 +3,8 @@
 The tree::
 
     LoomError
+    ├── TerminalError                      a step's failure no retry can fix (never retried)
+    ├── RetryableError                     a step's transient failure (``retry_after``)
     ├── ConfigurationError                 bad arguments / environment
     ├── PayloadError                       not JSON, too large, too deep (nothing stored)
     ├── FlowNotFoundError                  unknown flow id or unregistered version
@@ -36,11 +38,23 @@ The tree::
 
 Every error names the execution it concerns (``execution_id``) where there is one, and says
 what to do next (``hint``). ``to_dict`` / :func:`error_from_dict` round-trip them through JSON,
-which is how errors are recorded in the log and carried across HTTP.
+which is how errors are recorded in the log and carried across HTTP. Every subclass (yours too)
+is known to :func:`error_from_dict` by its class name once its module is imported.
+
+A step's own code says whether retrying can help: raise :class:`TerminalError` to fail the step
+at once whatever its :class:`~loom.RetryPolicy`, or :class:`RetryableError` with
+``retry_after`` to have the next attempt wait exactly that long.
+
+What an error says beyond its message is a typed attribute (``StaleFenceError.current_fence``,
+``StorageWriteError.outcome``, ``NonDeterminismError.position``...); ``details`` holds the same
+values as JSON, which is the recorded form.
 """
 
 from __future__ import annotations
 
+import enum
+import inspect
+from datetime import timedelta
 from typing import Any, ClassVar
 
 __all__ = [
@@ -67,6 +81,7 @@ __all__ = [
     "RemoteWorkerError",
     "ResumeError",
     "ResumeValidationError",
+    "RetryableError",
     "RuntimeClosedError",
     "SchemaVersionError",
     "StaleFenceError",
@@ -74,10 +89,15 @@ __all__ = [
     "StepFailedError",
     "StorageError",
     "StorageWriteError",
+    "TerminalError",
     "UnknownEventError",
     "WireFormatError",
+    "WriteOutcome",
     "error_from_dict",
 ]
+
+#: Every LoomError subclass by class name (filled by ``LoomError.__init_subclass__``).
+_BY_NAME: dict[str, type[LoomError]] = {}
 
 
 class LoomError(Exception):
@@ -85,6 +105,20 @@ class LoomError(Exception):
 
     code: ClassVar[str] = "loom_error"
     default_hint: ClassVar[str | None] = None
+    #: Names of the typed attributes a subclass declares (bare annotations); each is read
+    #: from the keyword of the same name (None when absent) and kept in ``details`` as well.
+    _typed: ClassVar[tuple[str, ...]] = ()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # The first class of a name wins: a user's class never shadows Loom's own.
+        _BY_NAME.setdefault(cls.__name__, cls)
+        own = [
+            name
+            for name, hint in inspect.get_annotations(cls).items()
+            if not str(hint).startswith(("ClassVar", "typing.ClassVar"))
+        ]
+        cls._typed = tuple(dict.fromkeys([*cls._typed, *own]))
 
     def __init__(
         self,
@@ -98,6 +132,8 @@ class LoomError(Exception):
         self.execution_id = execution_id
         self.hint = hint if hint is not None else self.default_hint
         self.details: dict[str, Any] = details
+        for name in self._typed:
+            setattr(self, name, details.get(name))
         text = message
         if execution_id is not None and execution_id not in message:
             text = f"{message} (execution {execution_id!r})"
@@ -125,6 +161,42 @@ def _jsonable(value: Any) -> Any:
     if value is None or isinstance(value, (str, int, float, bool)):
         return value
     return repr(value)
+
+
+class TerminalError(LoomError):
+    """Raise it from a step for a failure no retry can fix (a declined card, a 400 answer):
+    the step fails at once, whatever its retry policy, and the flow sees StepFailedError.
+
+    Subclass it for your own terminal failures; they are recorded with their class name.
+    """
+
+    code = "terminal"
+
+
+class RetryableError(LoomError):
+    """Raise it from a step for a transient failure. The step's :class:`~loom.RetryPolicy`
+    still bounds the attempts; ``retry_after`` (seconds or a timedelta), when given, replaces
+    the policy's backoff before the next attempt (a server's ``Retry-After``)."""
+
+    code = "retryable"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        retry_after: float | timedelta | None = None,
+        execution_id: str | None = None,
+        hint: str | None = None,
+        **details: Any,
+    ) -> None:
+        seconds = retry_after.total_seconds() if isinstance(retry_after, timedelta) else retry_after
+        if seconds is not None:
+            seconds = float(seconds)
+            if not seconds >= 0:  # also refuses NaN
+                raise ValueError("retry_after must be a non-negative number of seconds")
+            details["retry_after"] = seconds
+        super().__init__(message, execution_id=execution_id, hint=hint, **details)
+        self.retry_after: float | None = seconds
 
 
 class ConfigurationError(LoomError):
@@ -176,12 +248,21 @@ class GateTimedOutError(ResumeError):
     """The gate's timeout fired before the decision arrived; the late decision is refused."""
 
     code = "gate_timed_out"
+    event_type: str | None
+    position: int | None
 
 
 class NonDeterminismError(LoomError):
-    """Replay asked for a different operation than the log holds at that position."""
+    """Replay asked for a different operation than the log holds at that position.
+
+    ``position`` is where, ``recorded`` what the log holds there (``kind:name``) and
+    ``requested`` what the code asked for instead (``kind:name`` or ``return``).
+    """
 
     code = "non_determinism"
+    position: int | None
+    recorded: str | None
+    requested: str | None
     default_hint = (
         "The flow's code changed under a running execution; deploy the change as a new flow "
         "version and keep the old version registered until its executions finish"
@@ -197,6 +278,8 @@ class UnknownEventError(LoomError):
     """
 
     code = "unknown_event"
+    sequence: int | None
+    event_type: str | None
     default_hint = (
         "Upgrade Loom, or import the extension that registers this event type "
         "(loom.register_event) in this process; nothing was changed"
@@ -204,9 +287,14 @@ class UnknownEventError(LoomError):
 
 
 class StepFailedError(LoomError):
-    """A step failed on every attempt of its retry policy; the flow may catch this."""
+    """A step failed on every attempt of its retry policy (or raised TerminalError); the flow
+    may catch this. ``error`` is the last attempt's recorded error (``type``, ``message``...)."""
 
     code = "step_failed"
+    step_id: str | None
+    position: int | None
+    attempts: int | None
+    error: dict[str, Any] | None
 
 
 class ExecutionFailedError(LoomError):
@@ -302,26 +390,61 @@ class StorageError(LoomError):
     code = "storage"
 
 
+class WriteOutcome(enum.StrEnum):
+    """What a failed write left behind (:attr:`StorageWriteError.outcome`)."""
+
+    #: Nothing was written: safe to retry.
+    NOT_APPLIED = "not_applied"
+    #: The store lost the answer to its COMMIT and could not find out: re-read first.
+    UNKNOWN = "unknown"
+    #: The write is durable but its acknowledgement failed: re-read, do not write it again.
+    COMMITTED = "committed"
+
+
 class StorageWriteError(StorageError):
-    """The write was not applied. ``__cause__`` says why when the store knows."""
+    """A write failed. ``__cause__`` says why when the store knows; ``outcome`` says whether
+    anything was written (:class:`WriteOutcome`, ``NOT_APPLIED`` unless the store says)."""
 
     code = "storage_write"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        outcome: WriteOutcome | str = "not_applied",
+        execution_id: str | None = None,
+        hint: str | None = None,
+        **details: Any,
+    ) -> None:
+        resolved = WriteOutcome(outcome)
+        if resolved is not WriteOutcome.NOT_APPLIED:
+            details["outcome"] = resolved.value  # the recorded (JSON) form, as before
+        super().__init__(message, execution_id=execution_id, hint=hint, **details)
+        self.outcome: WriteOutcome = resolved
 
 
 class StaleFenceError(StorageError):
     """An append carried a fence older than the execution's current one (a zombie holder)."""
 
     code = "stale_fence"
+    fence: int | None
+    current_fence: int | None
 
 
 class StartFencedOutError(StorageError):
     """A start was fenced out by a holder that has not written sequence 0 (safe to retry)."""
 
     code = "start_fenced_out"
+    fence: int | None
+    current_fence: int | None
 
 
 class DuplicateSequenceError(StorageError):
+    """The batch did not start at the execution's next sequence (``expected``; it was ``got``)."""
+
     code = "duplicate_sequence"
+    expected: int | None
+    got: int | None
 
 
 class DuplicateEnvelopeIdError(StorageError):
@@ -332,6 +455,7 @@ class CorruptEventError(StorageError):
     """A stored record failed its checksum or could not be decoded."""
 
     code = "corrupt_event"
+    sequence: int | None
     default_hint = (
         "The stored record was altered outside Loom; restore the database from a backup. "
         "Other executions are unaffected"
@@ -350,53 +474,24 @@ class NotALoomDatabaseError(StorageError):
     default_hint = "Check the path or URL: point it at a Loom database (or a new file)"
 
 
-_BY_NAME: dict[str, type[LoomError]] = {
-    cls.__name__: cls
-    for cls in [
-        LoomError,
-        ConfigurationError,
-        PayloadError,
-        FlowNotFoundError,
-        ExecutionNotFoundError,
-        ExecutionAlreadyExistsError,
-        InvalidInputError,
-        ResumeError,
-        ResumeValidationError,
-        NotWaitingError,
-        GateTimedOutError,
-        NonDeterminismError,
-        UnknownEventError,
-        StepFailedError,
-        ExecutionFailedError,
-        ExecutionCancelledError,
-        ExecutionSupersededError,
-        RuntimeClosedError,
-        DispatchError,
-        CircuitOpenError,
-        WireFormatError,
-        AuthenticationError,
-        RemoteWorkerError,
-        StorageError,
-        StorageWriteError,
-        StaleFenceError,
-        StartFencedOutError,
-        DuplicateSequenceError,
-        DuplicateEnvelopeIdError,
-        CorruptEventError,
-        SchemaVersionError,
-        NotALoomDatabaseError,
-    ]
-}
+_BY_NAME["LoomError"] = LoomError
+
+
+_RESERVED = frozenset({"message", "execution_id", "hint"})
 
 
 def error_from_dict(data: dict[str, Any]) -> LoomError:
     """Rebuild an error from :meth:`LoomError.to_dict` output (unknown types become LoomError)."""
     cls = _BY_NAME.get(str(data.get("type")), LoomError)
     details = data.get("details") or {}
-    err = cls(
-        str(data.get("message", "")),
-        execution_id=data.get("execution_id"),
-        hint=data.get("hint"),
-        **(details if isinstance(details, dict) else {}),
-    )
-    return err
+    if not isinstance(details, dict):
+        details = {}
+    details = {k: v for k, v in details.items() if k not in _RESERVED and isinstance(k, str)}
+    message = str(data.get("message", ""))
+    try:
+        return cls(message, execution_id=data.get("execution_id"), hint=data.get("hint"), **details)
+    except (TypeError, ValueError):
+        # Details this version's class cannot take (a newer writer's): keep them untyped.
+        return LoomError(
+            message, execution_id=data.get("execution_id"), hint=data.get("hint"), **details
+        )

@@ -254,7 +254,7 @@ class WorkflowContext:
         await driver.append([StepFailed(pos, step.id, attempt, record, final)])
         if final:
             raise self._step_failed(step, pos, attempt, record) from exc
-        await driver.clock.sleep(step.retry.backoff(attempt))
+        await driver.clock.sleep(step.retry.delay(exc, attempt))
 
     def _step_failed(
         self, step: Step[Any, Any], pos: int, attempts: int, record: dict[str, Any]

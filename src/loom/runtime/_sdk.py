@@ -14,7 +14,13 @@ from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 import pydantic
 import pydantic_core
 
-from loom.errors import ConfigurationError, InvalidInputError, PayloadError
+from loom.errors import (
+    ConfigurationError,
+    InvalidInputError,
+    PayloadError,
+    RetryableError,
+    TerminalError,
+)
 
 if TYPE_CHECKING:
     pass
@@ -46,6 +52,10 @@ class RetryPolicy:
 
     Every attempt is recorded in the log (``STEP_FAILED`` with its attempt number), so a retry
     sequence survives a crash: a recovered execution continues with the next attempt.
+
+    The error decides too: :class:`~loom.errors.TerminalError` (and ``non_retryable`` types)
+    are never retried; :class:`~loom.errors.RetryableError` with ``retry_after`` waits exactly
+    that long before the next attempt instead of the backoff (still within ``max_attempts``).
     """
 
     max_attempts: int = 1
@@ -61,7 +71,17 @@ class RetryPolicy:
             raise ConfigurationError("RetryPolicy backoffs must be >= 0 and multiplier >= 1")
 
     def should_retry(self, exc: BaseException, attempt: int) -> bool:
+        """Whether failed attempt number ``attempt`` (1-based) that raised ``exc`` gets another."""
+        if isinstance(exc, TerminalError):
+            return False
         return attempt < self.max_attempts and not isinstance(exc, self.non_retryable)
+
+    def delay(self, exc: BaseException, attempt: int) -> float:
+        """Seconds to wait after failed attempt ``attempt`` raised ``exc``: the error's own
+        ``retry_after`` when it is a :class:`RetryableError` that names one, else the backoff."""
+        if isinstance(exc, RetryableError) and exc.retry_after is not None:
+            return exc.retry_after
+        return self.backoff(attempt)
 
     def backoff(self, attempt: int) -> float:
         """Seconds to wait after failed attempt number ``attempt`` (1-based)."""

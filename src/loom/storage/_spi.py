@@ -52,10 +52,10 @@ class EventStore(Protocol):
           * ``DuplicateSequenceError`` - the first sequence is not the next one (gap/repeat);
           * ``DuplicateEnvelopeIdError`` - an envelope id is already stored;
           * ``StorageWriteError`` - the store could not commit (I/O, connection); its
-            ``__cause__`` is the underlying error. Nothing was written, unless
-            ``details["outcome"]`` is ``"unknown"`` (a network store lost the answer to its
-            COMMIT and could not find out) or ``"committed"`` (the write is durable but the
-            acknowledgement failed): then re-read the execution before acting again.
+            ``__cause__`` is the underlying error. Nothing was written, unless its
+            ``outcome`` is ``WriteOutcome.UNKNOWN`` (a network store lost the answer to its
+            COMMIT and could not find out) or ``WriteOutcome.COMMITTED`` (the write is durable
+            but the acknowledgement failed): then re-read the execution before acting again.
         """
         ...
 

@@ -35,6 +35,7 @@ from loom.errors import (
     NotALoomDatabaseError,
     StorageError,
     StorageWriteError,
+    WriteOutcome,
 )
 from loom.model import (
     DEFAULT_LIMITS,
@@ -413,7 +414,7 @@ class SQLiteStore:
                 f"SQLite store {self.path}: the batch committed but its acknowledgement "
                 f"failed: {exc}",
                 hint="Re-read the execution before retrying: the write is durable",
-                outcome="committed",
+                outcome=WriteOutcome.COMMITTED,
             )
             err.__cause__ = exc
             self._fail_all(batch, err)
