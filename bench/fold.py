@@ -4,8 +4,8 @@ events a step writes (the driver's hot path), with nothing else in the loop.
     python bench/fold.py [--events 20000] [--rounds 7]
 
 CPU time (process_time), not wall time: the figure is the interpreter's work, which a busy
-machine's scheduling does not inflate. Uses only the public API, so the same script measures any version of Loom (point PYTHONPATH at
-another checkout's src/ to compare).
+machine's scheduling does not inflate. Uses only the public API, so the same script measures
+any version of Loom (point PYTHONPATH at another checkout's src/ to compare).
 """
 
 from __future__ import annotations
