@@ -177,47 +177,53 @@ def demo(
 
 
 @app.command()
-def executions(db: DbOption = "loom.db", as_json: JsonOption = False) -> None:
-    """List executions with their status."""
+def executions(
+    db: DbOption = "loom.db",
+    store: Annotated[
+        str | None,
+        typer.Option(
+            "--store",
+            envvar="LOOM_STORE",
+            help="Store URL: sqlite:///path or postgresql://user@host/db[?schema=loom] "
+            "(overrides --db).",
+        ),
+    ] = None,
+    status: Annotated[
+        list[str] | None, typer.Option("--status", help="Only these statuses (repeatable).")
+    ] = None,
+    flow: Annotated[str | None, typer.Option("--flow", help="Only this flow id.")] = None,
+    limit: Annotated[int, typer.Option("--limit", help="At most this many rows.")] = 100,
+    as_json: JsonOption = False,
+) -> None:
+    """List executions (newest first) from the store's index; reads never write."""
+    from loom.storage import ExecutionQuery, open_store
+    from loom.views import ExecutionViews
 
-    async def go() -> list[loom.ExecutionState]:
-        async with _runtime(db) as rt:
-            return [s async for s in rt.executions()]
+    where = store or db
+    query = ExecutionQuery(statuses=status or None, flow_id=flow, limit=limit)
 
-    states = _run(go, as_json)
+    async def go() -> list[loom.model.ExecutionSummary]:
+        opened = await open_store(where, read_only=True)
+        try:
+            return (await ExecutionViews(opened).list(query)).items
+        finally:
+            await opened.close()
+
+    rows = _run(go, as_json)
     if as_json:
-        print(
-            json.dumps(
-                [
-                    {
-                        "execution_id": s.execution_id,
-                        "flow_id": s.flow_id,
-                        "flow_version": s.flow_version,
-                        "status": s.status.value,
-                        "last_sequence": s.last_sequence,
-                        "waiting_for": s.waiting.event_type if s.waiting else None,
-                    }
-                    for s in states
-                ]
-            )
-        )
+        print(json.dumps([s.to_dict() for s in rows]))
         return
-    if not states:
-        console.print(f"no executions in {db}")
+    if not rows:
+        console.print(f"no executions in {where}")
         return
     from rich.table import Table
 
     table = Table()
-    for col in ("execution", "flow", "version", "status", "events", "waiting for"):
+    for col in ("execution", "flow", "version", "status", "waiting for"):
         table.add_column(col)
-    for s in states:
+    for s in rows:
         table.add_row(
-            s.execution_id,
-            s.flow_id,
-            s.flow_version,
-            s.status.value,
-            str(s.last_sequence + 1),
-            s.waiting.event_type if s.waiting else "",
+            s.execution_id, s.flow_id, s.flow_version, s.status.value, s.waiting_for or ""
         )
     console.print(table)
 

@@ -31,6 +31,7 @@ from loom.errors import (
 from loom.model import (
     DEFAULT_LIMITS,
     EventPayload,
+    ExecutionSummary,
     ExecutionCancelled,
     ExecutionCompleted,
     ExecutionFailed,
@@ -60,7 +61,7 @@ from loom.runtime._handle import ExecutionHandle
 from loom.runtime._observe import NO_OBSERVER, StepObserver
 from loom.runtime._sdk import Flow
 from loom.runtime.timers import TimerService, WakeOutcome
-from loom.storage import Store, Timer, TimerStore
+from loom.storage import ExecutionQuery, Store, Timer, TimerStore
 
 __all__ = ["ExecutionHandle", "WorkflowRuntime"]  # ExecutionHandle is re-exported here
 
@@ -203,12 +204,15 @@ class WorkflowRuntime:
             )
         return state, snap_seq
 
-    async def executions(self) -> AsyncIterator[ExecutionState]:
-        """Every execution's folded state, in id order."""
-        async for execution_id in self.store.iterate_execution_ids():
-            state = await self.load_state(execution_id)
-            if state is not None:
-                yield state
+    async def executions(
+        self, query: ExecutionQuery | None = None
+    ) -> AsyncIterator[ExecutionSummary]:
+        """Every execution matching ``query`` (all by default), newest first, as the store's
+        index summarizes it: no log is folded (``load_state`` folds one)."""
+        from loom.views import ExecutionViews
+
+        async for summary in ExecutionViews(self.store).all(query):
+            yield summary
 
     def handle(self, execution_id: str) -> ExecutionHandle[Any]:
         """A handle on any execution in the store (started here or elsewhere)."""
