@@ -31,7 +31,6 @@ from loom.errors import (
 from loom.model import (
     DEFAULT_LIMITS,
     EventPayload,
-    ExecutionSummary,
     ExecutionCancelled,
     ExecutionCompleted,
     ExecutionFailed,
@@ -40,6 +39,7 @@ from loom.model import (
     ExecutionStarted,
     ExecutionState,
     ExecutionStatus,
+    ExecutionSummary,
     Gate,
     OpKind,
     PayloadLimits,
