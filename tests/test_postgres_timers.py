@@ -105,7 +105,7 @@ async def _sql(dsn: str, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[A
 
 async def _version_1_schema(dsn: str, schema: str) -> None:
     """A schema as Loom 1 left it, with one execution in it: the current schema minus what
-    version 2 added, its version set back to 1."""
+    versions 2 and later added, its version set back to 1."""
     store = await PostgresStore.open(dsn, schema=schema)
     fence = await store.acquire_fence("old")
     await store.append([env("old", 0, fence), env("old", 1, fence)])
@@ -113,6 +113,7 @@ async def _version_1_schema(dsn: str, schema: str) -> None:
     await _sql(dsn, f'DROP TABLE "{schema}".timers')
     await _sql(dsn, f'DROP TABLE "{schema}".executions')  # and what version 3 added
     await _sql(dsn, f'DROP SEQUENCE "{schema}".executions_cursor')
+    await _sql(dsn, f'DROP TABLE "{schema}".blobs')
     await _sql(dsn, f"UPDATE \"{schema}\".meta SET value = '1' WHERE key = 'schema_version'")
 
 

@@ -8,6 +8,14 @@ import loom
 
 # The public surface changes only on purpose: update this list in the same change.
 EXPECTED = {
+    "Agent",
+    "AgentResult",
+    "ApprovalPolicy",
+    "Budget",
+    "Price",
+    "Tool",
+    "agent",
+    "tool",
     "Clock",
     "Envelope",
     "EventType",

@@ -6,6 +6,16 @@ re-running the effects it already committed.
 """
 
 from loom import errors, faults
+from loom.agents import (
+    Agent,
+    AgentResult,
+    ApprovalPolicy,
+    Budget,
+    Price,
+    Tool,
+    agent,
+    tool,
+)
 from loom.errors import (
     ExecutionAlreadyExistsError,
     ExecutionCancelledError,
@@ -53,6 +63,10 @@ from loom.storage import InMemoryStore, Snapshot, SQLiteStore
 __version__ = "0.1.0"
 
 __all__ = [
+    "Agent",
+    "AgentResult",
+    "ApprovalPolicy",
+    "Budget",
     "Clock",
     "Envelope",
     "EventType",
@@ -72,6 +86,7 @@ __all__ = [
     "LoomError",
     "NonDeterminismError",
     "NotWaitingError",
+    "Price",
     "ResumeValidationError",
     "RetryPolicy",
     "RetryableError",
@@ -82,10 +97,12 @@ __all__ = [
     "StepInfo",
     "SystemClock",
     "TerminalError",
+    "Tool",
     "UnknownEventError",
     "WorkflowContext",
     "WorkflowRuntime",
     "__version__",
+    "agent",
     "current_step",
     "errors",
     "faults",
@@ -95,4 +112,5 @@ __all__ = [
     "register_event",
     "replay",
     "step",
+    "tool",
 ]

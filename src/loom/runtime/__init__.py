@@ -2,6 +2,7 @@
 
 from loom.runtime._clock import Clock, SystemClock
 from loom.runtime._context import SuspendExecution, UIState, WorkflowContext
+from loom.runtime._gates import GateValidator, register_gate_validator
 from loom.runtime._observe import StepObserver
 from loom.runtime._runtime import ExecutionHandle, WorkflowRuntime
 from loom.runtime._sdk import (
@@ -21,6 +22,7 @@ __all__ = [
     "Clock",
     "ExecutionHandle",
     "Flow",
+    "GateValidator",
     "RecoveryReport",
     "RetryPolicy",
     "Step",
@@ -37,5 +39,6 @@ __all__ = [
     "flow",
     "handler",
     "recover_abandoned",
+    "register_gate_validator",
     "step",
 ]

@@ -357,6 +357,16 @@ class WorkflowContext:
         faults.hit("after_suspend_recorded")
         raise SuspendExecution("sleep")
 
+    # ------------------------------------------------------------------ agents
+
+    async def agent(self, agent: Any, input: Any) -> Any:
+        """Run ``agent`` (a :func:`loom.agent`) inline: its model and tool calls are steps of
+        this flow. Returns its :class:`~loom.agents.AgentResult`."""
+        run = getattr(agent, "run", None)
+        if run is None or not hasattr(agent, "provider"):
+            raise TypeError(f"ctx.agent() takes a loom.agent(...), not {agent!r}")
+        return await run(self, input)
+
     # ------------------------------------------------------------------ decisions & UI
 
     async def decide(self, name: str, compute: Callable[[], T | Awaitable[T]]) -> T:

@@ -57,6 +57,7 @@ from loom.runtime._context import (
     replayed_value,
 )
 from loom.runtime._driver import Driver
+from loom.runtime._gates import gate_validator
 from loom.runtime._handle import ExecutionHandle
 from loom.runtime._observe import NO_OBSERVER, StepObserver
 from loom.runtime._sdk import Flow
@@ -301,6 +302,9 @@ class WorkflowRuntime:
             gate = self._waiting_gate(state, event_type)
             flow = self.get_flow(state.flow_id, state.flow_version)
             normalized = self._validate_resume(flow, state, event_type, payload)
+            validator = gate_validator(event_type)
+            if validator is not None:
+                normalized = validator(state, gate, normalized)
             resumed = ExecutionResumed(gate.position, event_type, normalized)
             handle = await self._continue_with(state, snap_seq, fence, resumed, flow)
             if handle is not None:

@@ -2,6 +2,7 @@
 
 from typing import TYPE_CHECKING
 
+from loom.storage._blobs import BlobStore, blob_hash
 from loom.storage._open import open_store
 from loom.storage._spi import (
     EventStore,
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
     from loom.storage.postgres import PostgresStore
 
 __all__ = [
+    "BlobStore",
     "EventStore",
     "ExecutionIndex",
     "ExecutionPage",
@@ -35,6 +37,7 @@ __all__ = [
     "TenantScopedEventStore",
     "Timer",
     "TimerStore",
+    "blob_hash",
     "open_store",
 ]
 

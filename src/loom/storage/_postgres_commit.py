@@ -36,7 +36,7 @@ from loom.storage._postgres_sql import Conn
 
 __all__ = ["GroupCommit", "WriteKind", "WriteRequest"]
 
-WriteKind = Literal["append", "take_over", "fence", "snapshot", "timer"]
+WriteKind = Literal["append", "take_over", "fence", "snapshot", "timer", "blob"]
 
 #: The kinds that write events (and so move the head, notify waiters and prove a batch landed).
 _EVENT_WRITES = ("append", "take_over")
@@ -315,7 +315,7 @@ class GroupCommit:
             assert row is not None
             req.result = int(row[0])
             return False
-        if req.kind == "snapshot":
+        if req.kind in ("snapshot", "blob"):
             return False
         if req.kind == "timer":  # every timer statement returns one count
             assert row is not None

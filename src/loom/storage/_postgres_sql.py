@@ -104,6 +104,12 @@ MIGRATIONS: dict[int, tuple[Step, ...]] = {
         " WHERE forked_from IS NOT NULL",
         _backfill,
     ),
+    # Content-addressed blobs (agents' messages): the BlobStore side.
+    4: (
+        'CREATE TABLE {s}.blobs (namespace text COLLATE "C" NOT NULL,'
+        ' hash text COLLATE "C" NOT NULL, data bytea NOT NULL,'
+        " CONSTRAINT blobs_pkey PRIMARY KEY (namespace, hash))",
+    ),
 }
 
 # One statement per append or take-over. The INSERT reads from the head write's RETURNING, so a
@@ -277,6 +283,14 @@ def statements(schema: str, *, notify: bool) -> dict[str, str]:
         **writes,
         "fence": _FENCE.format(s=s),
         "snapshot": _SNAPSHOT.format(s=s),
+        "blob_put": (
+            f"INSERT INTO {s}.blobs (namespace, hash, data) SELECT %s, r.h, r.d "
+            "FROM unnest(%s::text[], %s::bytea[]) AS r(h, d) "
+            "ON CONFLICT (namespace, hash) DO NOTHING RETURNING 1"
+        ),
+        "blob_get": (
+            f"SELECT hash, data FROM {s}.blobs WHERE namespace = %s AND hash = ANY(%s::text[])"
+        ),
         "head": _HEAD.format(s=s),
         "read": _READ.format(s=s),
         "probe": _PROBE.format(s=s),

@@ -11,10 +11,11 @@ bump here; a rung that does not apply to one dialect is an empty tuple there.
 2. timers (PostgreSQL; SQLite already had them).
 3. the execution index (``executions``: one summary row per execution, a global change cursor),
    back-filled from the existing logs.
+4. content-addressed blobs (``blobs``: the BlobStore side, where agents keep messages).
 """
 
 from __future__ import annotations
 
 __all__ = ["SCHEMA_VERSION"]
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4

@@ -69,8 +69,14 @@ _V3: tuple[Step, ...] = (
     _backfill,
 )
 
+# Content-addressed blobs (agents' messages): the BlobStore side.
+_V4: tuple[Step, ...] = (
+    "CREATE TABLE loom_blobs (namespace TEXT NOT NULL, hash TEXT NOT NULL, data BLOB NOT NULL,"
+    " PRIMARY KEY (namespace, hash)) WITHOUT ROWID",
+)
+
 #: Steps that take a database from version N-1 to N.
-MIGRATIONS: dict[int, tuple[Step, ...]] = {1: _V1, 2: (), 3: _V3}
+MIGRATIONS: dict[int, tuple[Step, ...]] = {1: _V1, 2: (), 3: _V3, 4: _V4}
 
 
 def _tables(conn: sqlite3.Connection) -> set[str]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from loom import faults
@@ -17,6 +17,7 @@ from loom.model import (
     encode_json,
     summary_change,
 )
+from loom.storage._blobs import check_blobs, check_hashes
 from loom.storage._common import (
     SNAPSHOT_LIMITS,
     Waiters,
@@ -50,6 +51,7 @@ class InMemoryStore:
         self._timers: dict[tuple[str, int], tuple[Timer, str | None, float]] = {}
         self._summaries: dict[str, ExecutionSummary] = {}
         self._cursor = 0
+        self._blobs: dict[tuple[str, str], bytes] = {}
 
     def _check_open(self) -> None:
         if self._closed:
@@ -258,6 +260,18 @@ class InMemoryStore:
                 ),
                 default=None,
             )
+
+    async def put_blobs(self, blobs: Mapping[str, bytes], *, namespace: str = "") -> None:
+        check_blobs(blobs)
+        self._check_open()
+        with self._lock:
+            for key, data in blobs.items():
+                self._blobs.setdefault((namespace, key), bytes(data))
+
+    async def get_blobs(self, hashes: Iterable[str], *, namespace: str = "") -> dict[str, bytes]:
+        wanted = check_hashes(hashes)
+        with self._lock:
+            return {h: self._blobs[(namespace, h)] for h in wanted if (namespace, h) in self._blobs}
 
     async def close(self) -> None:
         self._closed = True

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from typing import Any
 
 import psycopg
@@ -47,6 +47,7 @@ from loom.model import (
     encode_json,
     summary_change,
 )
+from loom.storage._blobs import check_blobs, check_hashes
 from loom.storage._common import (
     SNAPSHOT_LIMITS,
     Waiters,
@@ -585,6 +586,26 @@ class PostgresStore(GroupCommit):
             return None
         sequence, state, checksum = rows[0]
         return decode_snapshot(execution_id, sequence, state, checksum)
+
+    # ---------------------------------------------------------------- BlobStore
+
+    async def put_blobs(self, blobs: Mapping[str, bytes], *, namespace: str = "") -> None:
+        """See :meth:`loom.storage.BlobStore.put_blobs` (group-committed like appends)."""
+        check_blobs(blobs)
+        _storable(namespace, "blob namespace")
+        if not blobs:
+            return
+        keys = list(blobs)
+        params = (namespace, keys, [bytes(blobs[k]) for k in keys])
+        await self._write("blob", namespace, self._sql["blob_put"], params)
+
+    async def get_blobs(self, hashes: Iterable[str], *, namespace: str = "") -> dict[str, bytes]:
+        """See :meth:`loom.storage.BlobStore.get_blobs`."""
+        wanted = check_hashes(hashes)
+        if not wanted or "\x00" in namespace:
+            return {}
+        rows = await self._fetch(self._sql["blob_get"], (namespace, wanted))
+        return {str(h): bytes(d) for h, d in rows}
 
     # ---------------------------------------------------------------- TimerStore
 

@@ -22,7 +22,7 @@ import os
 import sqlite3
 import threading
 import weakref
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -46,6 +46,7 @@ from loom.model import (
     encode_json,
     summary_change,
 )
+from loom.storage._blobs import check_blobs, check_hashes
 from loom.storage._common import (
     SNAPSHOT_LIMITS,
     Waiters,
@@ -767,6 +768,34 @@ class SQLiteStore:
         return None if row is None or row[0] is None else float(row[0])
 
     # ---------------------------------------------------------------- lifecycle
+
+    async def put_blobs(self, blobs: Mapping[str, bytes], *, namespace: str = "") -> None:
+        """Store content-addressed blobs (idempotent; group-committed like appends)."""
+        check_blobs(blobs)
+        rows = [(namespace, key, bytes(data)) for key, data in blobs.items()]
+        if not rows:
+            return
+
+        def apply(conn: sqlite3.Connection) -> None:
+            conn.executemany(
+                "INSERT OR IGNORE INTO loom_blobs (namespace, hash, data) VALUES (?, ?, ?)", rows
+            )
+
+        await self._submit(apply, None)
+
+    async def get_blobs(self, hashes: Iterable[str], *, namespace: str = "") -> dict[str, bytes]:
+        wanted = check_hashes(hashes)
+        found: dict[str, bytes] = {}
+        conn = self._reader()
+        for start in range(0, len(wanted), 500):
+            chunk = wanted[start : start + 500]
+            marks = ",".join("?" * len(chunk))
+            for key, data in conn.execute(
+                f"SELECT hash, data FROM loom_blobs WHERE namespace = ? AND hash IN ({marks})",
+                (namespace, *chunk),
+            ):
+                found[key] = bytes(data)
+        return found
 
     async def close(self) -> None:
         if self._closed:

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import unicodedata
-from collections.abc import AsyncIterator, Awaitable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Iterable, Mapping, Sequence
 from typing import TypeVar
 
 from loom.errors import (
@@ -42,6 +42,7 @@ from loom.errors import (
     StorageWriteError,
 )
 from loom.model import Envelope, ExecutionSummary
+from loom.storage._blobs import BlobStore
 from loom.storage._index import decode_page_cursor, encode_page_cursor
 from loom.storage._spi import (
     EventStore,
@@ -371,6 +372,26 @@ class TenantScopedEventStore:
     async def next_timer_due(self, prefix: str = "") -> float | None:
         """The earliest due time among this tenant's timers."""
         return await self._call(self._timer_store().next_timer_due(self._prefix + prefix))
+
+    # ---------------------------------------------------------------- BlobStore
+
+    def _blob_store(self) -> BlobStore:
+        if not isinstance(self.store, BlobStore):
+            raise ConfigurationError(
+                f"{type(self.store).__name__} keeps no blobs; wrap a BlobStore to use them"
+            )
+        return self.store
+
+    async def put_blobs(self, blobs: Mapping[str, bytes], *, namespace: str = "") -> None:
+        """Store blobs in the tenant's own namespace (never shared with another tenant)."""
+        self._check_open()
+        await self._call(self._blob_store().put_blobs(blobs, namespace=self._prefix + namespace))
+
+    async def get_blobs(self, hashes: Iterable[str], *, namespace: str = "") -> dict[str, bytes]:
+        """The tenant's stored blobs among ``hashes``."""
+        return await self._call(
+            self._blob_store().get_blobs(hashes, namespace=self._prefix + namespace)
+        )
 
     def __repr__(self) -> str:
         return f"TenantScopedEventStore({self.store!r}, tenant={self.tenant!r})"

@@ -2,6 +2,7 @@
 dispatchers, and helpers for testing flows."""
 
 from loom.testing import _index_conformance  # noqa: F401  (registers the index checks)
+from loom.testing._blob_conformance import BLOB_CHECKS, run_blob_store_conformance
 from loom.testing._clock import SkippingClock
 from loom.testing._dispatcher_conformance import (
     DISPATCHER_CHECKS,
@@ -24,6 +25,7 @@ from loom.testing._timer_conformance import TIMER_CHECKS, run_timer_store_confor
 from loom.testing._timeskip import TimeSkippingEnvironment
 
 __all__ = [
+    "BLOB_CHECKS",
     "DISPATCHER_CHECKS",
     "LLM_CHECKS",
     "STORE_CHECKS",
@@ -34,6 +36,7 @@ __all__ = [
     "TimeSkippingEnvironment",
     "conformance_responder",
     "replay_flow",
+    "run_blob_store_conformance",
     "run_event_store_conformance",
     "run_execution_dispatcher_conformance",
     "run_llm_provider_conformance",
