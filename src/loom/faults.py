@@ -42,6 +42,10 @@ FAULT_POINTS: tuple[str, ...] = (
     "after_append_before_ack",  # COMMIT returned; the caller has not been told yet
     "after_suspend_recorded",  # a gate's EXECUTION_SUSPENDED is durable
     "before_snapshot",  # a snapshot is about to be written
+    # Inside an agent's tool loop (loom.agents):
+    "agents.after_model_recorded",  # a model call's response is durable
+    "agents.between_tool_calls",  # one tool call is recorded, the next has not started
+    "agents.tool_effect_before_record",  # a tool returned; its result is not stored yet
 )
 
 

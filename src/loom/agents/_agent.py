@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 import pydantic
 
+from loom import faults
 from loom.agents._approval import approval_gate
 from loom.agents._conversation import Conversation, check_fingerprint, fingerprint
 from loom.agents._live import LIVE
@@ -288,7 +289,9 @@ class Agent(Flow[Any, dict[str, Any]]):
                 if exhausted is not None and exhausted != "turns":
                     outcome = "budget_exhausted"
                     break
-                for call in calls:
+                for index, call in enumerate(calls):
+                    if index and not ctx.is_replaying:
+                        faults.hit("agents.between_tool_calls")
                     await self._tool_call(ctx, conv, call)
                 continue
             text = response.message.text
@@ -340,7 +343,10 @@ class Agent(Flow[Any, dict[str, Any]]):
                 response = await provider.complete(request)
             return {"turn": turn, "fp": fp, "added": added, "response": response.to_dict()}
 
+        live = not ctx.is_replaying
         recorded = await ctx.run(self._model_step, call)
+        if live:
+            faults.hit("agents.after_model_recorded")
         check_fingerprint(
             recorded.get("fp"), fp, agent_id=self.id, turn=turn, execution_id=execution_id
         )
@@ -367,6 +373,7 @@ class Agent(Flow[Any, dict[str, Any]]):
         async def invoke() -> dict[str, Any]:
             kwargs = tool.validate_args(dict(args))
             value = await tool.invoke(**kwargs)
+            faults.hit("agents.tool_effect_before_record")
             content = tool.output.dump(value, f"result of tool {tool.name!r}")
             message = Message("user", (ToolResultPart(call.id, content, False, tool.name),))
             digest, data = Conversation.encode(message, limits, f"result of tool {tool.name!r}")

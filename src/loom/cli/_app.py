@@ -334,5 +334,14 @@ def recover(
         render_state(console, state)
 
 
+def _add_agent_commands() -> None:
+    from loom.cli import _agents
+
+    _agents.register(app)
+
+
+_add_agent_commands()
+
+
 def main() -> None:
     app()

@@ -59,6 +59,9 @@ class ScriptedProvider:
     beyond the end of the script raises :class:`ScriptExhaustedError` (terminal), so a test
     that makes more model calls than it planned fails loudly. ``on_call`` (if given) is called
     with the request before each answer, e.g. to count calls in a ledger that survives a crash.
+    ``by_turn=True`` picks the entry by the conversation's turn (the number of assistant
+    messages in the request) instead of by this process's call count, so a conversation that
+    a crash moved to another process gets the same answers there.
     """
 
     name = "scripted"
@@ -70,6 +73,7 @@ class ScriptedProvider:
         model: str = "scripted-model",
         on_call: Callable[[CompletionRequest], None] | None = None,
         stream_chunk: int = 0,
+        by_turn: bool = False,
     ) -> None:
         self._fn: Callable[[CompletionRequest], Any] | None = None
         self._script: list[ScriptEntry] = []
@@ -80,6 +84,7 @@ class ScriptedProvider:
         self.model = model
         self.on_call = on_call
         self.stream_chunk = stream_chunk
+        self.by_turn = by_turn
         self.requests: list[CompletionRequest] = []
 
     @property
@@ -93,6 +98,8 @@ class ScriptedProvider:
 
     async def complete(self, request: CompletionRequest) -> CompletionResponse:
         index = len(self.requests)
+        if self.by_turn:
+            index = sum(1 for m in request.messages if m.role == "assistant")
         self.requests.append(request)
         if self.on_call is not None:
             self.on_call(request)
