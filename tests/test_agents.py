@@ -21,7 +21,7 @@ from loom.llm import (
     reply,
     tool_calls,
 )
-from loom.model import ExecutionStatus
+from loom.model import ExecutionStatus, PayloadLimits
 from loom.storage import InMemoryStore, SQLiteStore
 from loom.testing import SkippingClock
 
@@ -299,3 +299,40 @@ async def test_model_calls_store_only_the_messages_they_add(runtime: Any) -> Non
     assert history > turns * 2048  # ...but the model saw all of them
     assert isinstance(provider.requests[-1], CompletionRequest)
     assert all(isinstance(m, Message) for m in provider.requests[-1].messages)
+
+
+async def test_an_oversized_tool_result_is_refused_before_it_is_stored(tmp_path: Path) -> None:
+    @loom.tool
+    def dump() -> str:
+        """Returns far too much."""
+        return "z" * 50_000
+
+    store = SQLiteStore(tmp_path / "big.db")
+    rt = loom.WorkflowRuntime(store, clock=SkippingClock(), limits=PayloadLimits(max_bytes=20_000))
+    provider = ScriptedProvider([tool_calls(("dump", {})), reply("ok")])
+    rt.register(loom.agent(id="dumper", provider=provider, model="m", tools=[dump]))
+    result = await (await rt.start("dumper", "go", execution_id="big")).result()
+    assert result["output"] == "ok"
+    observation = provider.requests[1].messages[-1].parts[0]
+    assert isinstance(observation, ToolResultPart) and observation.is_error
+    assert "PayloadError" in observation.content and "20000-byte limit" in observation.content
+    events = await store.read("big")
+    assert all(len(e.payload_json) < 20_000 for e in events)
+    assert not any("zzzzzzzzzz" in e.payload_json for e in events)
+    blobs = await store.get_blobs([])
+    assert blobs == {}
+    await rt.close()
+
+
+async def test_an_oversized_model_response_fails_typed_and_is_not_stored(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "huge.db")
+    rt = loom.WorkflowRuntime(store, clock=SkippingClock(), limits=PayloadLimits(max_bytes=20_000))
+    provider = ScriptedProvider([reply("w" * 50_000)])
+    rt.register(loom.agent(id="talker2", provider=provider, model="m"))
+    handle = await rt.start("talker2", "go", execution_id="huge")
+    with pytest.raises(ExecutionFailedError, match="PayloadError"):
+        await handle.result()
+    assert provider.calls == 1  # a payload error is not retried
+    events = await store.read("huge")
+    assert not any("wwwwwwwwww" in e.payload_json for e in events)
+    await rt.close()
