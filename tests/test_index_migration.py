@@ -80,6 +80,7 @@ def _downgrade_sqlite(path: Path) -> None:
     """Make the file exactly what the code before the index wrote: schema version 1."""
     conn = sqlite3.connect(path)
     conn.execute("DROP TABLE loom_executions")
+    conn.execute("DROP TABLE loom_blobs")  # and what later versions added
     conn.execute("UPDATE loom_meta SET value = '1' WHERE key = 'schema_version'")
     conn.commit()
     conn.close()
@@ -241,6 +242,7 @@ async def test_postgres_migrates_in_place_and_back_fills_the_index(tmp_path: Pat
         async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
             await conn.execute(f'DROP TABLE "{schema}".executions')
             await conn.execute(f'DROP SEQUENCE "{schema}".executions_cursor')
+            await conn.execute(f'DROP TABLE "{schema}".blobs')  # and what later versions added
             await conn.execute(f"UPDATE \"{schema}\".meta SET value = '2'")
         with pytest.raises(SchemaVersionError, match="never migrates"):
             await open_store(f"{dsn}?schema={schema}", read_only=True)
