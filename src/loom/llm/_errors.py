@@ -19,12 +19,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from loom.errors import LoomError
+from loom.errors import LoomError, RetryableError, TerminalError
 
 __all__ = [
     "ErrorClass",
     "ProviderError",
+    "RetryableProviderError",
     "ScriptExhaustedError",
+    "TerminalProviderError",
     "UnsupportedContentError",
     "classify_status",
     "retry_after_from_headers",
@@ -35,9 +37,20 @@ RETRYABLE_STATUSES = frozenset({408, 409, 429})
 
 class ProviderError(LoomError):
     """A model call failed. ``retryable`` says whether the same request may succeed later,
-    ``retry_after`` how many seconds to wait first (None: the retry policy's backoff)."""
+    ``retry_after`` how many seconds to wait first (None: the retry policy's backoff).
+
+    The retry semantics live in the type too: constructing ``ProviderError(...)`` gives a
+    :class:`RetryableProviderError` (a ``loom.RetryableError``: the step's retry policy waits
+    ``retry_after`` before the next attempt) or a :class:`TerminalProviderError` (a
+    ``loom.TerminalError``: the step fails at once), as ``retryable`` says.
+    """
 
     code = "llm_provider"
+
+    def __new__(cls, *args: Any, retryable: bool = False, **kwargs: Any) -> ProviderError:
+        if cls is ProviderError:
+            cls = RetryableProviderError if retryable else TerminalProviderError
+        return super().__new__(cls)
 
     def __init__(
         self,
@@ -67,7 +80,19 @@ class ProviderError(LoomError):
         self.retry_after = retry_after
 
 
-class UnsupportedContentError(ProviderError):
+class RetryableProviderError(ProviderError, RetryableError):
+    """A provider failure a later attempt may not hit (429, 5xx, no answer)."""
+
+    code = "llm_provider_retryable"
+
+
+class TerminalProviderError(ProviderError, TerminalError):
+    """A provider refusal no retry can fix (400, 401, 404, ...)."""
+
+    code = "llm_provider_terminal"
+
+
+class UnsupportedContentError(TerminalProviderError):
     """The request holds content the provider cannot take (a media type it refuses);
     nothing was sent."""
 
@@ -83,7 +108,7 @@ class UnsupportedContentError(ProviderError):
         )
 
 
-class ScriptExhaustedError(ProviderError):
+class ScriptExhaustedError(TerminalProviderError):
     """A :class:`~loom.llm.ScriptedProvider` was asked for more responses than its script has."""
 
     code = "llm_script_exhausted"
