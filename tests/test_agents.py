@@ -246,24 +246,36 @@ async def test_429_retried_after_its_delay_each_attempt_recorded_400_terminal(
     assert failed[0]["error"]["details"]["status"] == 400
 
 
-async def test_changed_instructions_on_replay_is_non_determinism(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        ({"instructions": "v2"}, ["instructions"]),
+        ({"tools": [lookup, flaky]}, ["tools"]),
+        ({"temperature": 0.9}, ["parameters"]),
+        ({"model": "other"}, ["parameters"]),
+    ],
+)
+async def test_a_changed_request_on_replay_is_non_determinism_naming_what_changed(
+    tmp_path: Path, change: dict[str, Any], expected: list[str]
+) -> None:
     path = tmp_path / "nd.db"
     rt = loom.WorkflowRuntime(SQLiteStore(path), clock=SkippingClock())
-    provider = ScriptedProvider([tool_calls(("lookup", {"city": "A"})), reply("x")])
-    rt.register(
-        loom.agent(id="nd", provider=provider, model="m", tools=[lookup], instructions="v1")
-    )
+    script = [tool_calls(("lookup", {"city": "A"})), tool_calls(("lookup", {"city": "B"})), "x"]
+    options: dict[str, Any] = {"tools": [lookup], "instructions": "v1", "model": "m"}
+    provider = ScriptedProvider(script)
+    rt.register(loom.agent(id="nd", provider=provider, **options))
     await (await rt.start("nd", "go", execution_id="n1")).result()
     await rt.close()
     events = await SQLiteStore(path).read("n1")
-    assert events  # the log is there
-    rt2 = loom.WorkflowRuntime(SQLiteStore(path), clock=SkippingClock())
-    changed = loom.agent(id="nd", provider=provider, model="m", tools=[lookup], instructions="v2")
-    rt2.register(changed)
+    model_events = [e for e in events if "agents.model" in e.payload_json]
+    assert list(model_events[1].payload["output"]["fp"]) == ["history"]  # the rest carried
+    changed = loom.agent(id="nd", provider=provider, **{**options, **change})
     with pytest.raises(NonDeterminismError) as err:
         await loom.testing.replay_flow(changed, events)
-    assert err.value.details["turn"] == 1 and err.value.details["changed"] == ["instructions"]
-    await rt2.close()
+    assert err.value.details["turn"] == 1 and err.value.details["changed"] == expected
+    assert provider.calls == 3  # replay called the model no more
+    same = loom.agent(id="nd", provider=provider, **options)
+    await loom.testing.replay_flow(same, events)  # the unchanged code replays cleanly
 
 
 async def test_streamed_text_reaches_live_subscribers_and_is_not_recorded(runtime: Any) -> None:

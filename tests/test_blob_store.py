@@ -88,3 +88,27 @@ async def test_tenant_view_passes_the_kit_and_tenants_never_see_each_other(physi
     # The same bytes put by the other tenant are its own copy, not a shared one.
     await globex.put_blobs({key: secret})
     assert await globex.get_blobs([key]) == {key: secret}
+
+
+async def test_append_with_blobs_writes_both_and_a_refused_append_writes_no_event(
+    physical: Any,
+) -> None:
+    from loom.errors import StaleFenceError
+    from loom.storage import AppendsWithBlobs
+    from tests.test_sqlite_store import env
+
+    for store in (physical, TenantScopedEventStore(physical, "acme")):
+        if not isinstance(store, AppendsWithBlobs):
+            continue  # PostgreSQL: put, then append (the driver's fallback)
+        data = b"a tool result"
+        key = blob_hash(data)
+        fence = await store.acquire_fence("ab")
+        await store.append_with_blobs([env("ab", 0, fence)], {key: data})
+        assert await store.get_blobs([key]) == {key: data}
+        assert [e.sequence for e in await store.read("ab")] == [0]
+        newer = await store.acquire_fence("ab")
+        assert newer > fence
+        other = b"a zombie's result"
+        with pytest.raises(StaleFenceError):
+            await store.append_with_blobs([env("ab", 1, fence)], {blob_hash(other): other})
+        assert [e.sequence for e in await store.read("ab")] == [0]  # no event was written

@@ -332,8 +332,12 @@ class Agent(Flow[Any, dict[str, Any]]):
         provider = self.provider
         execution_id = ctx.execution_id
 
+        # Only the components that changed since the previous call are written (most turns:
+        # the history alone); replay carries the others forward from the earlier records.
+        written = {k: v for k, v in fp.items() if conv.last_fp.get(k) != v}
+
         async def call() -> dict[str, Any]:
-            await conv.flush()
+            conv.flush_into(ctx._driver.pending_blobs)
             request = dataclasses.replace(self._request_template, messages=await conv.messages())
             if self.stream and isinstance(provider, StreamingProvider):
                 response = await provider.complete_streaming(
@@ -341,15 +345,20 @@ class Agent(Flow[Any, dict[str, Any]]):
                 )
             else:
                 response = await provider.complete(request)
-            return {"turn": turn, "fp": fp, "added": added, "response": response.to_dict()}
+            record: dict[str, Any] = {"turn": turn, "fp": written}
+            if added:
+                record["added"] = added
+            record["response"] = response.to_dict()
+            return record
 
         live = not ctx.is_replaying
         recorded = await ctx.run(self._model_step, call)
         if live:
             faults.hit("agents.after_model_recorded")
-        check_fingerprint(
-            recorded.get("fp"), fp, agent_id=self.id, turn=turn, execution_id=execution_id
-        )
+        recorded_fp = recorded.get("fp")
+        effective = {**conv.last_fp, **(recorded_fp if isinstance(recorded_fp, dict) else {})}
+        check_fingerprint(effective, fp, agent_id=self.id, turn=turn, execution_id=execution_id)
+        conv.last_fp = effective
         return CompletionResponse.from_dict(recorded["response"])
 
     async def _tool_call(
@@ -368,7 +377,6 @@ class Agent(Flow[Any, dict[str, Any]]):
                 return
             args = verdict.args
         limits = ctx._driver.limits
-        blobs = conv.blobs
 
         async def invoke() -> dict[str, Any]:
             kwargs = tool.validate_args(dict(args))
@@ -377,10 +385,9 @@ class Agent(Flow[Any, dict[str, Any]]):
             content = tool.output.dump(value, f"result of tool {tool.name!r}")
             message = Message("user", (ToolResultPart(call.id, content, False, tool.name),))
             digest, data = Conversation.encode(message, limits, f"result of tool {tool.name!r}")
-            if blobs is None:
-                conv.require_blobs()
-            else:
-                await blobs.put_blobs({digest: data})
+            conv.require_blobs()
+            # Stored in the same transaction as this step's record (which names it).
+            ctx._driver.pending_blobs[digest] = data
             return {"message": digest}
 
         try:

@@ -21,8 +21,9 @@ __all__ = ["Conversation", "fingerprint", "short_hash"]
 
 
 def short_hash(value: Any) -> str:
-    """A 16-hex-digit digest of a JSON value (fingerprint components)."""
-    return hashlib.sha256(canonical_json(value).encode()).hexdigest()[:16]
+    """A 12-hex-digit digest of a JSON value: enough to tell a changed component (this is a
+    change detector recorded every turn, not an address)."""
+    return hashlib.sha256(canonical_json(value).encode()).hexdigest()[:12]
 
 
 def fingerprint(request: CompletionRequest, history: str) -> dict[str, str]:
@@ -64,14 +65,17 @@ class Conversation:
         self.hashes: list[str] = []
         self.contents: dict[str, Message] = {}
         self.chain = ""
-        #: Addresses added since the last model call (recorded with the next one).
+        #: Addresses the next model call's event names first (input, feedback, observations);
+        #: a tool's result is named by its own tool-call event instead.
         self.added: list[str] = []
         #: Messages to put in the blob store before the next event naming them.
         self.pending: dict[str, bytes] = {}
+        #: The fingerprint of the previous model call, as recorded (components carried forward).
+        self.last_fp: dict[str, str] = {}
 
     def _append(self, digest: str) -> None:
         self.hashes.append(digest)
-        self.chain = hashlib.sha256(f"{self.chain}:{digest}".encode()).hexdigest()[:32]
+        self.chain = hashlib.sha256(f"{self.chain}:{digest}".encode()).hexdigest()[:24]
 
     @staticmethod
     def encode(message: Message, limits: PayloadLimits, what: str) -> tuple[str, bytes]:
@@ -95,11 +99,10 @@ class Conversation:
         return digest
 
     def add_stored(self, digest: str, message: Message | None = None) -> None:
-        """Add a message a tool step already stored under ``digest``."""
+        """Add a message a tool step already stored (and named) under ``digest``."""
         if message is not None:
             self.contents[digest] = message
         self._append(digest)
-        self.added.append(digest)
 
     def add_response(self, message: Message) -> None:
         """Add the model's response (recorded inline in its model-call event)."""
@@ -111,12 +114,12 @@ class Conversation:
         added, self.added = self.added, []
         return added
 
-    async def flush(self) -> None:
-        """Put pending messages (idempotent), before the event that names them."""
+    def flush_into(self, pending_blobs: dict[str, bytes]) -> None:
+        """Hand pending messages to the driver: stored with the next event (which names them)."""
         if not self.pending:
             return
-        store = self.require_blobs()
-        await store.put_blobs(dict(self.pending))
+        self.require_blobs()
+        pending_blobs.update(self.pending)
         self.pending.clear()
 
     def require_blobs(self) -> BlobStore:

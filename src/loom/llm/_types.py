@@ -282,13 +282,15 @@ class Usage:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        """The non-zero counts (a missing count reads back as 0): recorded on every turn."""
+        counts = {
             "input_tokens": self.input_tokens,
             "output_tokens": self.output_tokens,
             "cache_read_tokens": self.cache_read_tokens,
             "cache_write_tokens": self.cache_write_tokens,
             "reasoning_tokens": self.reasoning_tokens,
         }
+        return {k: v for k, v in counts.items() if v}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Usage:
@@ -375,14 +377,15 @@ class CompletionResponse:
             raise PayloadError("a completion's message must have the 'assistant' role")
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "message": self.message.to_dict(),
-            "stop_reason": self.stop_reason,
-            "usage": self.usage.to_dict(),
-            "model": self.model,
-            "provider": self.provider,
-            "response_id": self.response_id,
-        }
+        d: dict[str, Any] = {"message": self.message.to_dict(), "stop_reason": self.stop_reason}
+        usage = self.usage.to_dict()
+        if usage:
+            d["usage"] = usage
+        d["model"] = self.model
+        d["provider"] = self.provider
+        if self.response_id is not None:
+            d["response_id"] = self.response_id
+        return d
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> CompletionResponse:

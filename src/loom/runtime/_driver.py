@@ -6,11 +6,17 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 
-from loom.errors import LoomError, StaleFenceError, StorageError, StorageWriteError
+from loom.errors import (
+    ConfigurationError,
+    LoomError,
+    StaleFenceError,
+    StorageError,
+    StorageWriteError,
+)
 from loom.model import Envelope, EventPayload, ExecutionState, PayloadLimits, UIPatched, apply_event
 from loom.runtime._clock import Clock
 from loom.runtime._observe import NO_OBSERVER, StepObserver
-from loom.storage import Snapshot, Store, Timer
+from loom.storage import AppendsWithBlobs, BlobStore, Snapshot, Store, Timer
 
 __all__ = ["Driver"]
 
@@ -65,6 +71,9 @@ class Driver:
         self.last_snapshot = last_snapshot
         self.lock = asyncio.Lock()
         self.pending_ui: list[UIPatched] = []
+        #: Blobs (sha256 -> bytes) to store with the next append, in its transaction when the
+        #: store can (AppendsWithBlobs), else just before it: never after the event naming them.
+        self.pending_blobs: dict[str, bytes] = {}
         self.done = asyncio.Event()
         self.error: BaseException | None = None
         self.task: asyncio.Task[None] | None = None
@@ -92,18 +101,36 @@ class Driver:
             if self.fenced_out is not None:
                 raise self.fenced_out
             pending, self.pending_ui = self.pending_ui, []
+            blobs, self.pending_blobs = self.pending_blobs, {}
             try:
                 envelopes = self.build([*pending, *events])
-                await _store_call(self.store.append(envelopes), self.state.execution_id)
+                await _store_call(self._write(envelopes, blobs), self.state.execution_id)
             except StaleFenceError as exc:
                 if exc.execution_id == self.state.execution_id:
                     self.fenced_out = exc
                 raise
             except BaseException:
                 self.pending_ui = pending + self.pending_ui  # not written: keep them
+                self.pending_blobs = {**blobs, **self.pending_blobs}
                 raise
             self._applied(envelopes)
             await self.maybe_snapshot()
+
+    async def _write(self, envelopes: list[Envelope], blobs: dict[str, bytes]) -> None:
+        if not blobs:
+            await self.store.append(envelopes)
+            return
+        if isinstance(self.store, AppendsWithBlobs):
+            await self.store.append_with_blobs(envelopes, blobs)
+            return
+        if not isinstance(self.store, BlobStore):
+            raise ConfigurationError(
+                f"execution {self.state.execution_id!r} stores blobs, but "
+                f"{type(self.store).__name__} keeps none",
+                execution_id=self.state.execution_id,
+            )
+        await self.store.put_blobs(blobs)
+        await self.store.append(envelopes)
 
     async def take_over(self, events: Sequence[EventPayload], *, from_fence: int) -> None:
         """Become the holder: advance the fence from ``from_fence`` and append ``events`` in

@@ -2,7 +2,7 @@
 
 from typing import TYPE_CHECKING
 
-from loom.storage._blobs import BlobStore, blob_hash
+from loom.storage._blobs import AppendsWithBlobs, BlobStore, blob_hash
 from loom.storage._open import open_store
 from loom.storage._spi import (
     EventStore,
@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from loom.storage.postgres import PostgresStore
 
 __all__ = [
+    "AppendsWithBlobs",
     "BlobStore",
     "EventStore",
     "ExecutionIndex",

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Iterable, Mapping
-from typing import Protocol, runtime_checkable
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from loom.model import Envelope
 
 from loom.errors import PayloadError
 
-__all__ = ["BlobStore", "blob_hash", "check_blobs", "check_hashes"]
+__all__ = ["AppendsWithBlobs", "BlobStore", "blob_hash", "check_blobs", "check_hashes"]
 
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 
@@ -67,3 +70,18 @@ class BlobStore(Protocol):
     async def get_blobs(
         self, hashes: Iterable[str], *, namespace: str = ""
     ) -> dict[str, bytes]: ...
+
+
+@runtime_checkable
+class AppendsWithBlobs(Protocol):
+    """Optional: append events and the blobs they first name in ONE transaction.
+
+    Same contract as ``append`` (all or nothing for the events, same refusals); the blobs are
+    put idempotently in the same transaction, and may stay stored when the events are refused
+    (an unreferenced blob is harmless). A store without it gets ``put_blobs`` then ``append``:
+    one more commit, the same guarantee (never an event naming a missing blob).
+    """
+
+    async def append_with_blobs(
+        self, envelopes: Sequence[Envelope], blobs: Mapping[str, bytes], *, namespace: str = ""
+    ) -> None: ...

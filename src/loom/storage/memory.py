@@ -261,6 +261,12 @@ class InMemoryStore:
                 default=None,
             )
 
+    async def append_with_blobs(
+        self, envelopes: Sequence[Envelope], blobs: Mapping[str, bytes], *, namespace: str = ""
+    ) -> None:
+        await self.put_blobs(blobs, namespace=namespace)
+        await self.append(envelopes)
+
     async def put_blobs(self, blobs: Mapping[str, bytes], *, namespace: str = "") -> None:
         check_blobs(blobs)
         self._check_open()

@@ -445,12 +445,30 @@ class SQLiteStore:
     # ---------------------------------------------------------------- EventStore
 
     async def append(self, envelopes: Sequence[Envelope]) -> None:
+        await self._append(envelopes, None, "")
+
+    async def append_with_blobs(
+        self, envelopes: Sequence[Envelope], blobs: Mapping[str, bytes], *, namespace: str = ""
+    ) -> None:
+        """Append ``envelopes`` and put ``blobs`` in one transaction (see AppendsWithBlobs)."""
+        check_blobs(blobs)
+        await self._append(envelopes, blobs, namespace)
+
+    async def _append(
+        self, envelopes: Sequence[Envelope], blobs: Mapping[str, bytes] | None, namespace: str
+    ) -> None:
         execution_id, first, fence = batch_head(envelopes)
+        blob_rows = [(namespace, k, bytes(v)) for k, v in (blobs or {}).items()]
         rows = [_event_row(e) for e in envelopes]
         count = len(rows)
         change = summary_change(envelopes)
 
         def apply(conn: sqlite3.Connection) -> None:
+            if blob_rows:  # kept even if the append is refused: an unnamed blob is harmless
+                conn.executemany(
+                    "INSERT OR IGNORE INTO loom_blobs (namespace, hash, data) VALUES (?, ?, ?)",
+                    blob_rows,
+                )
             # The fence-guarded update is the whole check on the happy path: one row changes
             # only if this holder's fence is current and the sequence is the next one.
             moved = conn.execute(

@@ -42,7 +42,7 @@ from loom.errors import (
     StorageWriteError,
 )
 from loom.model import Envelope, ExecutionSummary
-from loom.storage._blobs import BlobStore
+from loom.storage._blobs import AppendsWithBlobs, BlobStore
 from loom.storage._index import decode_page_cursor, encode_page_cursor
 from loom.storage._spi import (
     EventStore,
@@ -381,6 +381,21 @@ class TenantScopedEventStore:
                 f"{type(self.store).__name__} keeps no blobs; wrap a BlobStore to use them"
             )
         return self.store
+
+    async def append_with_blobs(
+        self, envelopes: Sequence[Envelope], blobs: Mapping[str, bytes], *, namespace: str = ""
+    ) -> None:
+        """Append the tenant's envelopes with the blobs they name (in the tenant's namespace)."""
+        self._check_open()
+        scoped = [self._scope_envelope(e) for e in envelopes]
+        inner = self.store
+        if isinstance(inner, AppendsWithBlobs):
+            await self._call(
+                inner.append_with_blobs(scoped, blobs, namespace=self._prefix + namespace)
+            )
+            return
+        await self.put_blobs(blobs, namespace=namespace)
+        await self._call(inner.append(scoped))
 
     async def put_blobs(self, blobs: Mapping[str, bytes], *, namespace: str = "") -> None:
         """Store blobs in the tenant's own namespace (never shared with another tenant)."""
