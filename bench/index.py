@@ -77,11 +77,15 @@ async def measure(name: str, store: Any, n: int, page: int, rounds: int) -> list
     assert len(first.items) == page and first.next_cursor is not None
     nxt = ExecutionQuery(statuses=["suspended"], limit=page, cursor=first.next_cursor)
     by_flow = ExecutionQuery(statuses=["suspended"], flow_id="flow-4", limit=page)
+    flow_only = ExecutionQuery(flow_id="flow-3", limit=page)
+    everything = ExecutionQuery(limit=page)
     rows = []
     for label, fn in (
         ("first page, suspended", lambda: store.list_executions(suspended)),
         ("next page, suspended", lambda: store.list_executions(nxt)),
         ("first page, suspended + flow", lambda: store.list_executions(by_flow)),
+        ("first page, flow (any status)", lambda: store.list_executions(flow_only)),
+        ("first page, no filter", lambda: store.list_executions(everything)),
         ("count, suspended", lambda: store.count_executions(suspended)),
         ("change feed, 100 after 0", lambda: store.changes(0, 100)),
     ):

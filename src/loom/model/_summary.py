@@ -12,8 +12,8 @@ changes set status, waiting-for, forked-from and the times), which is :func:`sum
 previous row read by the database.
 
 Conventions of the payloads read here (the only fields the index looks at):
-  * ``EXECUTION_STARTED``: ``flow_id``, ``flow_version``, ``parent_id`` (a child execution's
-    parent, optional);
+  * ``EXECUTION_STARTED``: ``flow_id``, ``flow_version``, and a child execution's parent as
+    ``parent_id`` or as ``metadata["loom.parent_id"]`` (optional);
   * ``EXECUTION_SUSPENDED``: ``event_type`` (what a gate waits for) or ``timer: true`` (a durable
     sleep: ``waiting_for`` is ``"loom.timer"``);
   * ``EXECUTION_FORKED``: ``parent_id`` (or ``execution_id``) names the execution forked from.
@@ -21,8 +21,9 @@ Conventions of the payloads read here (the only fields the index looks at):
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from loom.model._events import Envelope, EventType, ExecutionStatus
 
@@ -73,12 +74,13 @@ class SummaryChange:
     """What one append batch changes in a summary (see :func:`summary_change`).
 
     ``started`` is set when the batch holds ``EXECUTION_STARTED``: then ``flow_id``,
-    ``flow_version``, ``parent_id`` and ``created_at`` are the execution's. ``forked_from`` is
-    set only by ``EXECUTION_FORKED`` (otherwise the previous value stands).
+    ``flow_version``, ``parent_id`` and ``created_at`` are the execution's. ``status`` (with
+    ``waiting_for``) is None when the batch does not move it (only a fork record).
+    ``forked_from`` is set only by ``EXECUTION_FORKED`` (otherwise the previous value stands).
     """
 
     execution_id: str
-    status: ExecutionStatus
+    status: ExecutionStatus | None
     waiting_for: str | None
     updated_at: float
     started: bool = False
@@ -95,7 +97,7 @@ class SummaryChange:
                 self.execution_id,
                 self.flow_id,
                 self.flow_version,
-                self.status,
+                self.status or ExecutionStatus.PENDING,
                 self.waiting_for,
                 self.parent_id,
                 self.forked_from,
@@ -105,6 +107,12 @@ class SummaryChange:
             if prev is not None and base.forked_from is None:
                 base = replace(base, forked_from=prev.forked_from)
             return base
+        if self.status is None:
+            return replace(
+                prev,
+                forked_from=self.forked_from or prev.forked_from,
+                updated_at=self.updated_at,
+            )
         return replace(
             prev,
             status=self.status,
@@ -116,6 +124,14 @@ class SummaryChange:
 
 def _text(value: object) -> str | None:
     return value if isinstance(value, str) and value else None
+
+
+def _parent_of(started: Mapping[str, Any]) -> str | None:
+    """A child execution's parent: ``parent_id`` in the start payload, or ``loom.parent_id`` in
+    its metadata (where a layer that cannot extend the payload puts it)."""
+    metadata = started.get("metadata")
+    nested = metadata.get("loom.parent_id") if isinstance(metadata, Mapping) else None
+    return _text(started.get("parent_id")) or _text(nested)
 
 
 _TERMINAL = {
@@ -156,7 +172,7 @@ def summary_change(batch: Sequence[Envelope]) -> SummaryChange | None:
         p = env.payload
         at = env.recorded_at
         if change is None:
-            change = SummaryChange(env.execution_id, ExecutionStatus.RUNNING, None, at)
+            change = SummaryChange(env.execution_id, None, None, at)
         if t == EventType.EXECUTION_STARTED.value:
             change = replace(
                 change,
@@ -165,7 +181,7 @@ def summary_change(batch: Sequence[Envelope]) -> SummaryChange | None:
                 started=True,
                 flow_id=str(p.get("flow_id", "")),
                 flow_version=str(p.get("flow_version", "")),
-                parent_id=_text(p.get("parent_id")),
+                parent_id=_parent_of(p),
                 created_at=at,
             )
         elif t == EventType.EXECUTION_SUSPENDED.value:

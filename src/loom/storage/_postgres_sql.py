@@ -99,6 +99,8 @@ MIGRATIONS: dict[int, tuple[Step, ...]] = {
         "CREATE INDEX executions_created ON {s}.executions (created_at, execution_id)",
         "CREATE INDEX executions_status ON {s}.executions (status, created_at, execution_id)",
         "CREATE INDEX executions_flow ON {s}.executions (flow_id, created_at, execution_id)",
+        "CREATE INDEX executions_flow_status ON {s}.executions"
+        " (flow_id, status, created_at, execution_id)",
         "CREATE INDEX executions_parent ON {s}.executions (parent_id) WHERE parent_id IS NOT NULL",
         "CREATE INDEX executions_forked ON {s}.executions (forked_from)"
         " WHERE forked_from IS NOT NULL",
@@ -162,6 +164,10 @@ _INDEX_START_SET = (
 )
 _INDEX_CHANGE_SET = (
     "status = excluded.status, waiting_for = excluded.waiting_for, "
+    "forked_from = coalesce(excluded.forked_from, x.forked_from), "
+    "updated_at = excluded.updated_at, cursor = excluded.cursor"
+)
+_INDEX_MARK_SET = (
     "forked_from = coalesce(excluded.forked_from, x.forked_from), "
     "updated_at = excluded.updated_at, cursor = excluded.cursor"
 )
@@ -278,6 +284,7 @@ def statements(schema: str, *, notify: bool) -> dict[str, str]:
             writes[f"{kind}_{size}"] = write(moved, rows)
             writes[f"{kind}_{size}_start"] = write(moved, rows, _INDEX_START_SET)
             writes[f"{kind}_{size}_change"] = write(moved, rows, _INDEX_CHANGE_SET)
+            writes[f"{kind}_{size}_mark"] = write(moved, rows, _INDEX_MARK_SET)
 
     return {
         **writes,

@@ -62,6 +62,8 @@ _V3: tuple[Step, ...] = (
     "CREATE INDEX loom_executions_created ON loom_executions (created_at, execution_id)",
     "CREATE INDEX loom_executions_status ON loom_executions (status, created_at, execution_id)",
     "CREATE INDEX loom_executions_flow ON loom_executions (flow_id, created_at, execution_id)",
+    "CREATE INDEX loom_executions_flow_status ON loom_executions"
+    " (flow_id, status, created_at, execution_id)",
     "CREATE INDEX loom_executions_parent ON loom_executions (parent_id)"
     " WHERE parent_id IS NOT NULL",
     "CREATE INDEX loom_executions_forked ON loom_executions (forked_from)"

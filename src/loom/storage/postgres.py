@@ -350,7 +350,7 @@ class PostgresStore(GroupCommit):
         index = ""
         if change is not None:
             summary = change.apply(None)
-            index = "_start" if change.started else "_change"
+            index = "_start" if change.started else "_mark" if change.status is None else "_change"
             params.update(
                 lock=self._cursor_lock,
                 feed=FEED_KEY,

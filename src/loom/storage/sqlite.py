@@ -94,12 +94,19 @@ _INDEX_CHANGE = (
     "forked_from = coalesce(excluded.forked_from, loom_executions.forked_from), "
     "updated_at = excluded.updated_at, cursor = excluded.cursor"
 )
+# A change that does not move the status (only a fork record).
+_INDEX_MARK = (
+    f"INSERT INTO loom_executions ({SUMMARY_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, "
+    f"{_NEXT_CURSOR}) ON CONFLICT (execution_id) DO UPDATE SET "
+    "forked_from = coalesce(excluded.forked_from, loom_executions.forked_from), "
+    "updated_at = excluded.updated_at, cursor = excluded.cursor"
+)
 
 
 def _write_index(conn: sqlite3.Connection, change: SummaryChange) -> None:
     s = change.apply(None)
     conn.execute(
-        _INDEX_START if change.started else _INDEX_CHANGE,
+        _INDEX_START if change.started else _INDEX_MARK if change.status is None else _INDEX_CHANGE,
         (
             s.execution_id,
             s.flow_id,

@@ -73,6 +73,14 @@ async def check_index_follows_the_lifecycle(store: Store, reopen: Reopen | None)
     await store.append([forked])
     fork = await index.get_summary("taken")
     assert fork is not None and fork.forked_from == "life"
+    # A fork record moves only forked_from: a suspended execution stays suspended.
+    fence3 = await _begin(store, "gated")
+    await store.append([_suspend("gated", 1, fence3)])  # type: ignore[list-item]
+    marked = env("gated", 2, fence3, EventType.EXECUTION_FORKED, {"parent_id": "life"})
+    await store.append([marked])
+    gated = await index.get_summary("gated")
+    assert gated is not None and gated.status is ExecutionStatus.SUSPENDED
+    assert gated.waiting_for == "approve" and gated.forked_from == "life"
 
 
 @_check
