@@ -408,9 +408,7 @@ class WorkflowRuntime:
         state, snap_seq = await self._require(execution_id)
         if state.status not in (ExecutionStatus.RUNNING, ExecutionStatus.PENDING):
             return ExecutionHandle(self, execution_id, None)
-        flow = self.get_flow(state.flow_id, state.flow_version)
-        recovered = ExecutionRecovered(state.last_sequence, snap_seq)
-        handle = await self._continue_with(state, snap_seq, fence, recovered, flow)
+        handle = await self._recover_from(state, snap_seq, fence=fence)
         if handle is None:
             raise ExecutionSupersededError(
                 f"execution {execution_id!r} moved while it was being recovered: another "
@@ -418,6 +416,31 @@ class WorkflowRuntime:
                 execution_id=execution_id,
             )
         return handle
+
+    async def _recover_from(
+        self,
+        state: ExecutionState,
+        snap_seq: int,
+        *,
+        fence: int | None = None,
+        from_fence: int | None = None,
+    ) -> ExecutionHandle[Any] | None:
+        """Append ``EXECUTION_RECOVERED`` after exactly ``state`` and drive the flow on.
+
+        With ``from_fence`` (the fence read before ``state`` was), the take-over is
+        conditional on both: if the execution moved since (a newer fence, a newer sequence),
+        nothing is written and None is returned. ``recover_abandoned`` uses this so that a
+        pass acts only on the state its predicate judged, never on whatever is current.
+        """
+        if from_fence is not None:
+            live = self._drivers.get(state.execution_id)
+            if live is not None and not live.done.is_set():
+                return None  # driven here since it was judged: it is not abandoned
+        flow = self.get_flow(state.flow_id, state.flow_version)
+        recovered = ExecutionRecovered(state.last_sequence, snap_seq)
+        return await self._continue_with(
+            state, snap_seq, fence, recovered, flow, from_fence=from_fence
+        )
 
     async def cancel(self, execution_id: str, reason: str | None = None) -> ExecutionState:
         """Cancel an execution: fence out its holder, append ``EXECUTION_CANCELLED``.
@@ -462,6 +485,8 @@ class WorkflowRuntime:
         fence: int | None,
         event: EventPayload,
         flow: Flow[Any, Any],
+        *,
+        from_fence: int | None = None,
     ) -> ExecutionHandle[Any] | None:
         """Append ``event`` and drive the flow on from ``state``.
 
@@ -469,7 +494,8 @@ class WorkflowRuntime:
         losing it is a superseded refusal. Without one, the runtime takes over
         conditionally: the fence advances only if nobody moved since ``state`` was read, so
         a racer that loses never fences out the holder that won. None means another writer
-        moved first: the caller re-reads and decides again.
+        moved first: the caller re-reads and decides again. ``from_fence`` is the fence the
+        caller read before ``state`` (else the current one is read now).
         """
         eid = state.execution_id
         if fence is not None:
@@ -481,7 +507,7 @@ class WorkflowRuntime:
                     raise  # another execution's refusal: a genuine failure for this one
                 raise _superseded(eid, exc) from exc
             return self._launch(driver, flow)
-        current = await self.store.current_fence(eid)
+        current = from_fence if from_fence is not None else await self.store.current_fence(eid)
         driver = self._new_driver(state, current + 1, last_snapshot=snap_seq)
         try:
             await driver.take_over([event], from_fence=current)

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterable, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from loom.errors import ConfigurationError
 from loom.model import ExecutionState, ExecutionStatus
 from loom.runtime._runtime import ExecutionHandle, WorkflowRuntime
 
@@ -27,6 +28,9 @@ class RecoveryReport:
     not_claimed: list[str] = field(default_factory=list)
     #: claimed, but they settled (suspended or ended) before the pass acted: untouched
     settled: list[str] = field(default_factory=list)
+    #: claimed, but the execution moved on after it was judged (a newer fence or sequence:
+    #: another pass or holder is driving it): untouched, since the verdict is out of date
+    moved: list[str] = field(default_factory=list)
     #: the resume raised; left for the next pass, with the error
     left: dict[str, BaseException] = field(default_factory=dict)
     #: recovered ``max_recoveries`` times already (a poison execution that keeps killing its
@@ -59,7 +63,9 @@ async def recover_abandoned(
 
     Enumerates ``source`` (default: every execution id in the runtime's store), re-checks each
     claimed execution's status immediately before acting (one that settled meanwhile is
-    skipped), and recovers it through the same EXECUTION_RECOVERED path a redispatch uses.
+    skipped), and recovers it through the same EXECUTION_RECOVERED path a redispatch uses,
+    conditionally on the fence and sequence the predicate judged: one that moved on since
+    (another pass or holder took it) is reported as ``moved`` and left alone.
     A recovery that raises is left for the next pass. With ``wait`` the pass waits until each
     recovered execution suspends or ends.
 
@@ -68,12 +74,21 @@ async def recover_abandoned(
     is reported as ``parked`` and not recovered again, so a step that kills every holder cannot
     take healthy executions' workers down with it forever.
     """
+    if not callable(is_abandoned):
+        raise ConfigurationError(
+            f"recover_abandoned needs an is_abandoned predicate, got {is_abandoned!r}",
+            hint="Pass a callable that tells whether an execution's holder is gone "
+            "(e.g. loom.lease_expired(grace=30))",
+        )
     report = RecoveryReport()
     handles: dict[str, ExecutionHandle[Any]] = {}
     ids = source if source is not None else runtime.store.iterate_execution_ids()
     async for execution_id in ids:
         try:
-            state = await runtime.load_state(execution_id)
+            # The fence is read before the state: the take-over below is conditional on both,
+            # so the pass acts only on what its predicate judged.
+            judged_fence = await runtime.store.current_fence(execution_id)
+            state, snap_seq = await runtime._load(execution_id)
             if state is None or state.status not in _LIVE:
                 continue
             verdict = is_abandoned(state)
@@ -94,7 +109,14 @@ async def recover_abandoned(
             if fresh is None or fresh.status not in _LIVE:
                 report.settled.append(execution_id)
                 continue
-            handles[execution_id] = await runtime.recover(execution_id)
+            handle = None
+            if fresh.last_sequence == state.last_sequence:
+                handle = await runtime._recover_from(state, snap_seq, from_fence=judged_fence)
+            if handle is None:
+                log.info("recover_abandoned skipped %s: it moved after it was judged", execution_id)
+                report.moved.append(execution_id)
+                continue
+            handles[execution_id] = handle
             report.recovered.append(execution_id)
         except Exception as exc:
             log.warning("recover_abandoned left %s for the next pass: %r", execution_id, exc)
