@@ -11,6 +11,7 @@ from loom.model._events import (
     Envelope,
     EventType,
     ExecutionStatus,
+    execution_id_problem,
     new_envelope_id,
 )
 from loom.model._fold import apply_event, replay
@@ -87,6 +88,7 @@ __all__ = [
     "decode_json",
     "encode_json",
     "event_type_of",
+    "execution_id_problem",
     "new_envelope_id",
     "register_event",
     "registered_event_types",

@@ -205,3 +205,24 @@ def unknown_event(execution_id: str, sequence: int, type: str) -> UnknownEventEr
         sequence=sequence,
         event_type=type,
     )
+
+
+#: The longest execution id any entry point accepts.
+MAX_EXECUTION_ID = 256
+
+
+def execution_id_problem(execution_id: object) -> str | None:
+    """Why ``execution_id`` is not a valid execution id, or None if it is.
+
+    One rule for every entry point (runtime calls, the wire decoder, a worker's allocate), so a
+    malformed id is refused before anything (not even a fence) is written for it.
+    """
+    if not isinstance(execution_id, str) or not execution_id:
+        return "an execution id must be a non-empty string"
+    if len(execution_id) > MAX_EXECUTION_ID:
+        return f"an execution id must be at most {MAX_EXECUTION_ID} characters"
+    if not execution_id.isprintable():
+        # Control characters, NUL, ESC and line/paragraph separators would corrupt logs,
+        # terminals and headers that show the id.
+        return "an execution id must not contain control or separator characters"
+    return None

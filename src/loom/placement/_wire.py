@@ -14,6 +14,7 @@ from loom.model import (
     PayloadLimits,
     decode_json,
     encode_json,
+    execution_id_problem,
 )
 
 __all__ = ["WIRE_VERSION", "ExecutionPackage", "ExecutionResult", "ResumeEvent"]
@@ -116,8 +117,9 @@ class ExecutionPackage:
                 raise WireFormatError(f"{what}: resume_event must be an object")
             event = ResumeEvent(_need(resume, "event_type", str, what), resume.get("payload"))
         execution_id = _need(d, "execution_id", str, what)
-        if not execution_id or len(execution_id) > 256:
-            raise WireFormatError(f"{what}: execution_id must be 1-256 characters")
+        problem = execution_id_problem(execution_id)
+        if problem is not None:
+            raise WireFormatError(f"{what}: {problem} (got {execution_id!r})")
         metadata = d.get("metadata") or {}
         if not isinstance(metadata, dict):
             raise WireFormatError(f"{what}: metadata must be an object")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from loom.errors import ExecutionNotFoundError, NotWaitingError, StorageError
-from loom.model import ExecutionStatus
+from loom.errors import ConfigurationError, ExecutionNotFoundError, NotWaitingError, StorageError
+from loom.model import ExecutionStatus, execution_id_problem
 from loom.placement._spi import Health, WorkerLease, is_redispatch
 from loom.placement._wire import ExecutionPackage, ExecutionResult, ResumeEvent
 from loom.runtime import ExecutionHandle, WorkflowRuntime
@@ -47,6 +47,10 @@ class LocalWorkerRuntime:
         # front (ADR 0004). A resume or timer wake is not: it continues a waiting execution
         # through a conditional take-over in execute(), so a duplicate or late one can never
         # fence out the holder that already moved the execution on (fence 0 = none yet).
+        problem = execution_id_problem(package.execution_id)
+        if problem is not None:
+            # Refused before the fence below: a malformed id must not leave even that behind.
+            raise ConfigurationError(f"cannot allocate: {problem} (got {package.execution_id!r})")
         fence = 0
         if package.resume_event is None:
             fence = await self.runtime.store.acquire_fence(package.execution_id)

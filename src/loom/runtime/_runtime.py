@@ -45,6 +45,7 @@ from loom.model import (
     PayloadLimits,
     TimerFired,
     WaitOutcome,
+    execution_id_problem,
     new_envelope_id,
     replay,
 )
@@ -476,6 +477,28 @@ class WorkflowRuntime:
             f"could not cancel {execution_id!r}: it kept changing", execution_id=execution_id
         )
 
+    def stop_driving(self, execution_id: str, why: str = "stopped") -> bool:
+        """Stop this process's holder of ``execution_id`` now, leaving the log as of its last
+        append (the execution stays running there, resumable by a redispatch or
+        ``recover_abandoned``). Returns False when nothing drives it here.
+
+        The holder is fenced out in-process before its task is cancelled, so an effect that
+        outlives the cancellation (a step that swallows it, a thread that returns later)
+        records nothing and starts no further step. A worker calls this at its drain deadline.
+        """
+        live = self._drivers.get(execution_id)
+        if live is None or live.task is None or live.done.is_set():
+            return False
+        if live.fenced_out is None:
+            live.fenced_out = StaleFenceError(
+                f"the holder of {execution_id!r} in this process was stopped ({why})",
+                execution_id=execution_id,
+                hint="The execution is resumable: redispatch it or run recover_abandoned",
+            )
+        live.stop_reason = "stopped"
+        live.task.cancel()
+        return True
+
     # ------------------------------------------------------------------ driving
 
     async def _continue_with(
@@ -624,6 +647,10 @@ class WorkflowRuntime:
                     f"execution {eid!r} was taken over by a newer holder in this process",
                     execution_id=eid,
                 )
+            elif driver.stop_reason == "stopped":
+                driver.error = RuntimeClosedError(
+                    f"this process stopped driving {eid!r}; it is resumable", execution_id=eid
+                )
             elif driver.stop_reason != "cancelled":
                 driver.error = RuntimeClosedError(
                     f"the runtime stopped driving {eid!r} (closed)", execution_id=eid
@@ -709,16 +736,12 @@ class WorkflowRuntime:
         await self.close()
 
 
-_MAX_ID = 256
 #: How often a conditional write is retried after losing to a concurrent writer before the
 #: caller is told the execution keeps changing (each retry re-reads the log first).
 _RETRIES = 8
 
 
 def _check_id(execution_id: str) -> None:
-    if not isinstance(execution_id, str) or not execution_id or len(execution_id) > _MAX_ID:
-        raise ConfigurationError(
-            f"an execution id must be a non-empty string of at most {_MAX_ID} characters"
-        )
-    if not execution_id.isprintable():
-        raise ConfigurationError("an execution id must not contain control characters")
+    problem = execution_id_problem(execution_id)
+    if problem is not None:
+        raise ConfigurationError(f"{problem} (got {execution_id!r})")

@@ -109,7 +109,7 @@ class RemoteWorkerRuntime:
         eid = package.execution_id
         body = package.to_json().encode()
         headers = {"content-type": "application/json", "accept": "application/json"}
-        headers.update(await self._auth_header())
+        headers.update(await self._auth_header(eid))
         try:
             async with self._client.stream(
                 "POST",
@@ -205,11 +205,23 @@ class RemoteWorkerRuntime:
 
     # ---------------------------------------------------------------- internals
 
-    async def _auth_header(self) -> dict[str, str]:
+    async def _auth_header(self, execution_id: str | None = None) -> dict[str, str]:
+        """The Authorization header; a token source that fails is a typed failed attempt
+        (nothing is sent without credentials), naming the execution it was for."""
         token = self._token
         if self._token_source is not None:
-            produced = self._token_source()
-            token = await produced if inspect.isawaitable(produced) else produced
+            try:
+                produced = self._token_source()
+                token = await produced if inspect.isawaitable(produced) else produced
+            except Exception as exc:
+                for_what = f" for {execution_id!r}" if execution_id else ""
+                raise RemoteWorkerError(
+                    f"the token source for worker {self.url} failed{for_what}: {exc!r}; "
+                    "nothing was sent",
+                    execution_id=execution_id,
+                    hint="Check the dispatcher's credentials (the token source); the "
+                    "execution is unchanged and a redispatch retries it",
+                ) from exc
         return {"authorization": f"Bearer {token}"} if token else {}
 
     async def _read(self, response: httpx.Response, eid: str) -> bytes:

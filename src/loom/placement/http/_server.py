@@ -168,6 +168,7 @@ class WorkerService:
             # Normally the handlers stopped these at the deadline; catch any stragglers.
             left = sorted({self.attempts.get(t, "?") for t in pending})
             for task in pending:
+                self.runtime.stop_driving(self.attempts.get(task, ""), "drain deadline")
                 task.cancel()
             if pending:
                 await asyncio.wait(pending)
@@ -237,6 +238,9 @@ class WorkerService:
             expired.cancel()
         if not task.done():
             log.warning("drain deadline passed: stopped the attempt on %s (resumable)", eid)
+            # The flow runs in the runtime's driver task, not in this attempt: stop (and fence
+            # out) the driver too, or it would run on until runtime.close().
+            self.runtime.stop_driving(eid, "drain deadline")
             task.cancel()
             return self._stopped(eid)
         try:
