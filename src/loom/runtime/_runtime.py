@@ -10,6 +10,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 import pydantic
+import pydantic_core
 
 from loom import faults
 from loom.errors import (
@@ -45,6 +46,7 @@ from loom.model import (
     PayloadLimits,
     TimerFired,
     WaitOutcome,
+    encode_json,
     execution_id_problem,
     new_envelope_id,
     replay,
@@ -61,7 +63,7 @@ from loom.runtime._driver import Driver
 from loom.runtime._gates import gate_validator
 from loom.runtime._handle import ExecutionHandle
 from loom.runtime._observe import NO_OBSERVER, StepObserver
-from loom.runtime._sdk import Flow
+from loom.runtime._sdk import _NOT_JSON, Flow, json_dump
 from loom.runtime.timers import TimerService, WakeOutcome
 from loom.storage import ExecutionQuery, Store, Timer, TimerStore
 
@@ -248,7 +250,7 @@ class WorkflowRuntime:
         # the database outgrows its page cache).
         execution_id = execution_id or new_envelope_id()
         _check_id(execution_id)
-        encoded = resolved.encode_input(input, execution_id)
+        encoded = resolved.encode_input(input, execution_id, limits=self.limits)
         started = [ExecutionStarted(resolved.id, resolved.version, encoded, metadata or {})]
         try:
             driver = self._new_driver(ExecutionState(execution_id), fence or 0, last_snapshot=-1)
@@ -371,11 +373,12 @@ class WorkflowRuntime:
     ) -> Any:
         codec = flow.resume_schemas.get(event_type)
         eid = state.execution_id
-        if codec is None or codec.adapter is None:
-            return payload
         try:
+            if codec is None or codec.adapter is None:
+                encode_json(payload, limits=self.limits, what="the resume payload")
+                return payload
             value = codec.adapter.validate_python(payload)
-            return codec.adapter.dump_python(value, mode="json")
+            return json_dump(codec.adapter, value)
         except pydantic.ValidationError as exc:
             problems = "; ".join(
                 f"{'.'.join(str(p) for p in e['loc']) or '<payload>'}: {e['msg']}"
@@ -388,6 +391,15 @@ class WorkflowRuntime:
                 hint="Nothing was recorded; send a payload that matches the gate's schema",
                 event_type=event_type,
                 problems=exc.errors(include_url=False, include_context=False),
+            ) from exc
+        except (pydantic_core.PydanticSerializationError, *_NOT_JSON) as exc:
+            raise ResumeValidationError(
+                f"resume payload for gate {event_type!r} of execution {eid!r} is not "
+                f"storable as JSON: {exc!r}",
+                execution_id=eid,
+                hint="Nothing was recorded; send JSON values only (no NaN, bytes, objects, "
+                "cycles or deep nesting)",
+                event_type=event_type,
             ) from exc
 
     # ------------------------------------------------------------------ recover / cancel

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import math
 import typing
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from contextvars import ContextVar
@@ -21,6 +22,7 @@ from loom.errors import (
     RetryableError,
     TerminalError,
 )
+from loom.model import DEFAULT_LIMITS, PayloadLimits, encode_json
 
 if TYPE_CHECKING:
     pass
@@ -118,6 +120,38 @@ def current_step() -> StepInfo | None:
     return _current_step.get()
 
 
+#: What pydantic raises (besides its own errors) for values JSON cannot hold: an object of an
+#: unknown type, bytes that are not UTF-8, a circular or too-deep structure.
+_NOT_JSON = (ValueError, TypeError, UnicodeError, RecursionError, PayloadError)
+
+
+def json_dump(adapter: pydantic.TypeAdapter[Any], value: Any) -> Any:
+    """``adapter.dump_python(value, mode="json")``, refusing instead of changing values.
+
+    pydantic's JSON mode turns NaN and ±Infinity into None, so a stored record would differ
+    from what the code saw (a silent wrong result, and a replay mismatch later). The Python
+    mode keeps floats as they are, so non-finite ones are looked for there first.
+    """
+    _refuse_non_finite(adapter.dump_python(value, mode="python"))
+    return adapter.dump_python(value, mode="json")
+
+
+def _refuse_non_finite(value: Any) -> None:
+    # Iterative, with a visited set: a hostile value can be deep or circular.
+    stack = [value]
+    seen: set[int] = set()
+    while stack:
+        item = stack.pop()
+        if isinstance(item, float):
+            if not math.isfinite(item):
+                raise PayloadError(f"{item!r} is not a JSON number")
+        elif isinstance(item, (dict, list, tuple, set, frozenset)):
+            if id(item) in seen:
+                raise PayloadError("the value refers to itself (circular)")
+            seen.add(id(item))
+            stack.extend(item.values() if isinstance(item, dict) else item)
+
+
 class _Codec:
     """JSON-mode (de)serialisation through a pydantic TypeAdapter; ``Any`` passes through."""
 
@@ -135,9 +169,11 @@ class _Codec:
         if self.adapter is None:
             return value
         try:
-            return self.adapter.dump_python(value, mode="json")
+            return json_dump(self.adapter, value)
         except (pydantic.ValidationError, pydantic_core.PydanticSerializationError) as exc:
             raise PayloadError(f"{what} does not match {self.annotation!r}: {exc}") from exc
+        except _NOT_JSON as exc:
+            raise PayloadError(f"{what} is not storable as JSON: {exc!r}") from exc
 
     def load(self, data: Any) -> Any:
         if self.adapter is None:
@@ -294,18 +330,25 @@ class Flow(Generic[InputT, OutputT]):
         self.__doc__ = fn.__doc__
         self.__name__ = getattr(fn, "__name__", id)
 
-    def encode_input(self, value: Any, execution_id: str | None = None) -> Any:
+    def encode_input(
+        self, value: Any, execution_id: str | None = None, *, limits: PayloadLimits = DEFAULT_LIMITS
+    ) -> Any:
         """Validate and JSON-encode a start input; raise InvalidInputError before anything runs."""
-        if self.input.adapter is None:
-            return value
         try:
+            if self.input.adapter is None:
+                encode_json(value, limits=limits, what="the input")
+                return value
             model = self.input.adapter.validate_python(value)
-            return self.input.adapter.dump_python(model, mode="json")
-        except pydantic.ValidationError as exc:
+            return json_dump(self.input.adapter, model)
+        except (
+            pydantic.ValidationError,
+            pydantic_core.PydanticSerializationError,
+            *_NOT_JSON,
+        ) as exc:
             raise InvalidInputError(
                 f"input for flow {self.id!r} is invalid: {exc}",
                 execution_id=execution_id,
-                hint="Nothing was started; fix the input and start again",
+                hint="Nothing was started; fix the input and start again (JSON values only)",
             ) from exc
 
     def __repr__(self) -> str:

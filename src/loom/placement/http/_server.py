@@ -330,7 +330,7 @@ class WorkerService:
                 f"cannot resume {eid!r}: it does not exist in this worker's store",
                 execution_id=eid,
             )
-        flow.encode_input(package.input, eid)
+        flow.encode_input(package.input, eid, limits=self.runtime.limits)
 
     async def _attempt(self, package: ExecutionPackage) -> ExecutionResult:
         lease = await self.worker.allocate(package)
