@@ -66,6 +66,7 @@ from loom.runtime._observe import NO_OBSERVER, StepObserver
 from loom.runtime._sdk import _NOT_JSON, Flow, json_dump
 from loom.runtime.timers import TimerService, WakeOutcome
 from loom.storage import ExecutionQuery, Store, Timer, TimerStore
+from loom.storage._common import validate_snapshot
 
 __all__ = ["ExecutionHandle", "WorkflowRuntime"]  # ExecutionHandle is re-exported here
 
@@ -179,19 +180,18 @@ class WorkflowRuntime:
         self, execution_id: str, *, at_sequence: int | None = None
     ) -> tuple[ExecutionState | None, int]:
         _check_id(execution_id)
-        snap = await self.store.load_snapshot(execution_id)
-        if snap is not None and (at_sequence is None or snap.sequence <= at_sequence):
-            try:
-                state = ExecutionState.from_dict(snap.state)
-            except (KeyError, TypeError, ValueError) as exc:
-                raise CorruptEventError(
-                    f"the snapshot of {execution_id!r} does not describe a state: {exc!r}",
-                    execution_id=execution_id,
-                ) from exc
-            snap_seq = snap.sequence
-        else:
-            state = ExecutionState(execution_id)
-            snap_seq = -1
+        state, snap_seq = ExecutionState(execution_id), -1
+        try:
+            snap = await self.store.load_snapshot(execution_id)
+            if snap is not None and (at_sequence is None or snap.sequence <= at_sequence):
+                last = await self.store.last_sequence(execution_id)
+                state = validate_snapshot(snap, execution_id, last_sequence=last)
+                snap_seq = snap.sequence
+        except CorruptEventError as exc:
+            # A snapshot is only a cache of the fold: one that does not check out is reported
+            # and ignored, never trusted (it could even describe another execution).
+            log.warning("ignored the snapshot of %s, folding from the log: %s", execution_id, exc)
+            state, snap_seq = ExecutionState(execution_id), -1
         envelopes = await self.store.read(execution_id, from_sequence=state.last_sequence + 1)
         tail = [e for e in envelopes if at_sequence is None or e.sequence <= at_sequence]
         if tail:

@@ -16,7 +16,14 @@ from loom.errors import (
     StartFencedOutError,
     StorageWriteError,
 )
-from loom.model import DEFAULT_LIMITS, Envelope, PayloadLimits, checksum, decode_json
+from loom.model import (
+    DEFAULT_LIMITS,
+    Envelope,
+    ExecutionState,
+    PayloadLimits,
+    checksum,
+    decode_json,
+)
 from loom.model._events import as_event_type
 from loom.storage._spi import Snapshot
 
@@ -25,13 +32,18 @@ __all__ = [
     "Waiters",
     "already_exists",
     "batch_head",
+    "check_snapshot",
     "check_take_over",
     "decode_envelope",
     "decode_snapshot",
     "refusal_for",
     "snapshot_checksum",
     "take_over_refusal",
+    "validate_snapshot",
 ]
+
+#: Sequences and fences are 64-bit signed integers in every store.
+MAX_SEQUENCE = 2**63 - 1
 
 
 #: Snapshots hold a whole folded state, so they get a far larger allowance than one event.
@@ -163,6 +175,20 @@ def decode_envelope(
     Loom or an extension not imported here) is read like any other, and the fold refuses it
     with ``UnknownEventError``. Only a failed checksum or undecodable payload is corruption.
     """
+    if not (
+        isinstance(envelope_id, str)
+        and isinstance(type_name, str)
+        and isinstance(payload_json, str)
+        and isinstance(stored_checksum, str)
+        and isinstance(recorded_at, (int, float))
+        and isinstance(fence, int)
+    ):
+        # A value of the wrong storage class (a BLOB where text belongs): altered outside Loom.
+        raise CorruptEventError(
+            f"event {sequence} of execution {execution_id!r} has a column of the wrong type",
+            execution_id=execution_id,
+            sequence=sequence,
+        )
     env = Envelope(
         envelope_id,
         execution_id,
@@ -204,6 +230,15 @@ def snapshot_checksum(execution_id: str, sequence: int, state_json: str) -> str:
 def decode_snapshot(
     execution_id: str, sequence: int, state_json: str, stored_checksum: str
 ) -> Snapshot:
+    if not (
+        isinstance(sequence, int)
+        and isinstance(state_json, str)
+        and isinstance(stored_checksum, str)
+    ):
+        raise CorruptEventError(
+            f"the snapshot of {execution_id!r} has a column of the wrong type",
+            execution_id=execution_id,
+        )
     if snapshot_checksum(execution_id, sequence, state_json) != stored_checksum:
         raise CorruptEventError(
             f"the snapshot of {execution_id!r} at sequence {sequence} failed its checksum",
@@ -217,6 +252,89 @@ def decode_snapshot(
             f"the snapshot of {execution_id!r} is not decodable", execution_id=execution_id
         ) from exc
     return Snapshot(execution_id, sequence, state)
+
+
+def check_snapshot(snapshot: Snapshot) -> None:
+    """Refuse (PayloadError, nothing written) a snapshot no store can key: every store calls
+    this in ``save_snapshot`` before writing, so a bad one never reaches the database."""
+    eid, seq = snapshot.execution_id, snapshot.sequence
+    if not isinstance(eid, str) or not eid:
+        raise PayloadError(f"a snapshot needs an execution id, not {eid!r}")
+    if not isinstance(seq, int) or isinstance(seq, bool) or not 0 <= seq <= MAX_SEQUENCE:
+        raise PayloadError(
+            f"the snapshot of {eid!r} has sequence {seq!r}, not an integer in 0..2**63-1",
+            execution_id=eid,
+        )
+    if not isinstance(snapshot.state, dict):
+        raise PayloadError(f"the snapshot of {eid!r} is not an object", execution_id=eid)
+
+
+def validate_snapshot(
+    snapshot: Snapshot, execution_id: str, *, last_sequence: int | None = None
+) -> ExecutionState:
+    """The state a loaded snapshot describes, or CorruptEventError saying why it cannot be used.
+
+    A snapshot is a cache of the fold, so it is trusted only as far as it checks out: it must
+    be a well-formed state, of ``execution_id`` (a snapshot stored under one id must never
+    serve another's state), at exactly the sequence it was stored under, and within the log
+    (``last_sequence``, the log's last sequence, when the caller knows it). The caller then
+    ignores it and folds from the log. Keep this on every path that loads a snapshot.
+    """
+
+    def bad(why: str) -> CorruptEventError:
+        return CorruptEventError(
+            f"the snapshot of {execution_id!r} at sequence {snapshot.sequence!r} is unusable: "
+            f"{why}",
+            execution_id=execution_id,
+            hint="It is ignored and the state folded from the log; nothing was lost",
+        )
+
+    if snapshot.execution_id != execution_id:
+        raise bad(f"it was stored for {snapshot.execution_id!r}")
+    d = snapshot.state
+    if not isinstance(d, dict):
+        raise bad("it is not an object")
+    if d.get("execution_id") != execution_id:
+        raise bad(f"it describes execution {d.get('execution_id')!r}")
+    seq = d.get("last_sequence")
+    if not isinstance(seq, int) or isinstance(seq, bool) or seq != snapshot.sequence:
+        raise bad(f"it describes sequence {seq!r}")
+    if not 0 <= seq <= MAX_SEQUENCE or (last_sequence is not None and seq > last_sequence):
+        raise bad(f"sequence {seq} is beyond the log (which ends at {last_sequence})")
+    for key, kind in _SNAPSHOT_FIELDS.items():
+        if key in d and d[key] is not None and not isinstance(d[key], kind):
+            raise bad(f"{key!r} is a {type(d[key]).__name__}")
+    for op in (d.get("ops") or {}).values():
+        if not isinstance(op, dict) or not all(
+            isinstance(op.get(k), str) for k in ("kind", "name", "status")
+        ):
+            raise bad("an op record is malformed")
+    try:
+        state = ExecutionState.from_dict(d)
+    except Exception as exc:  # any malformed field: the snapshot is unusable, not fatal
+        raise bad(repr(exc)) from exc
+    # The fold's own output round-trips exactly; anything else was written by someone else.
+    if state.to_dict() != d:
+        raise bad("it is not in the form Loom writes")
+    return state
+
+
+_SNAPSHOT_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "flow_id": str,
+    "flow_version": str,
+    "status": str,
+    "ops": dict,
+    "waiting": dict,
+    "ui": dict,
+    "error": dict,
+    "cancel_reason": str,
+    "recoveries": int,
+    "fence": int,
+    "forked_from": dict,
+    "metadata": dict,
+    "started_at": (int, float),
+    "updated_at": (int, float),
+}
 
 
 class Waiters:

@@ -22,6 +22,7 @@ from loom.storage._common import (
     SNAPSHOT_LIMITS,
     Waiters,
     batch_head,
+    check_snapshot,
     check_take_over,
     refusal_for,
     take_over_refusal,
@@ -202,6 +203,7 @@ class InMemoryStore:
 
     async def save_snapshot(self, snapshot: Snapshot) -> None:
         self._check_open()
+        check_snapshot(snapshot)
         with self._lock:
             old = self._snapshots.get(snapshot.execution_id)
             if old is None or old[0] < snapshot.sequence:

@@ -52,6 +52,7 @@ from loom.storage._common import (
     SNAPSHOT_LIMITS,
     Waiters,
     batch_head,
+    check_snapshot,
     check_take_over,
     decode_envelope,
     decode_snapshot,
@@ -563,6 +564,7 @@ class PostgresStore(GroupCommit):
     async def save_snapshot(self, snapshot: Snapshot) -> None:
         """See :meth:`loom.storage.SnapshotStore.save_snapshot`."""
         self._writable()
+        check_snapshot(snapshot)
         _storable(snapshot.execution_id, "execution id")
         state_json = encode_json(snapshot.state, limits=SNAPSHOT_LIMITS, what="snapshot")
         _storable(state_json, "snapshot")

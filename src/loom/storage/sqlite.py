@@ -30,6 +30,7 @@ from typing import Any, Literal
 from loom import faults
 from loom.errors import (
     ConfigurationError,
+    CorruptEventError,
     DuplicateEnvelopeIdError,
     LoomError,
     NotALoomDatabaseError,
@@ -51,6 +52,7 @@ from loom.storage._common import (
     SNAPSHOT_LIMITS,
     Waiters,
     batch_head,
+    check_snapshot,
     check_take_over,
     decode_envelope,
     decode_snapshot,
@@ -551,21 +553,56 @@ class SQLiteStore:
     async def read(
         self, execution_id: str, *, from_sequence: int = 0, limit: int | None = None
     ) -> list[Envelope]:
-        rows = (
-            self._reader()
-            .execute(
-                "SELECT envelope_id, sequence, type, payload, recorded_at, fence, checksum "
-                "FROM loom_events WHERE execution_id = ? AND sequence >= ? ORDER BY sequence "
-                "LIMIT ?",
-                (execution_id, from_sequence, -1 if limit is None else max(limit, 0)),
+        try:
+            rows = (
+                self._reader()
+                .execute(
+                    "SELECT envelope_id, sequence, type, payload, recorded_at, fence, checksum "
+                    "FROM loom_events WHERE execution_id = ? AND sequence >= ? ORDER BY sequence "
+                    "LIMIT ?",
+                    (execution_id, from_sequence, -1 if limit is None else max(limit, 0)),
+                )
+                .fetchall()
             )
-            .fetchall()
-        )
+        except sqlite3.OperationalError as exc:
+            raise self._undecodable(execution_id, from_sequence, exc) from exc
         limits = self.limits
         return [
             decode_envelope(execution_id, r[0], r[1], r[2], r[3], r[4], r[5], r[6], limits)
             for r in rows
         ]
+
+    def _undecodable(
+        self, execution_id: str, from_sequence: int, exc: sqlite3.OperationalError
+    ) -> Exception:
+        """CorruptEventError naming the record whose text is not UTF-8 (a flipped bit on
+        disk), found by reading the raw bytes; any other OperationalError is a StorageError."""
+        if "decode" not in str(exc):
+            return StorageError(f"SQLite store {self.path}: reading {execution_id!r} failed: {exc}")
+        rows = (
+            self._reader()
+            .execute(
+                "SELECT sequence, CAST(envelope_id AS BLOB), CAST(type AS BLOB), "
+                "CAST(payload AS BLOB), CAST(checksum AS BLOB) FROM loom_events "
+                "WHERE execution_id = ? AND sequence >= ? ORDER BY sequence",
+                (execution_id, from_sequence),
+            )
+            .fetchall()
+        )
+        for sequence, *columns in rows:
+            try:
+                for column in columns:
+                    column.decode()
+            except (UnicodeDecodeError, AttributeError):
+                return CorruptEventError(
+                    f"event {sequence} of execution {execution_id!r} is not valid UTF-8",
+                    execution_id=execution_id,
+                    sequence=sequence,
+                )
+        return CorruptEventError(
+            f"a record of execution {execution_id!r} is not valid UTF-8",
+            execution_id=execution_id,
+        )
 
     async def last_sequence(self, execution_id: str) -> int:
         row = (
@@ -691,6 +728,7 @@ class SQLiteStore:
     # ---------------------------------------------------------------- SnapshotStore
 
     async def save_snapshot(self, snapshot: Snapshot) -> None:
+        check_snapshot(snapshot)  # before the writer: a bad key must never stop it
         state_json = encode_json(snapshot.state, limits=SNAPSHOT_LIMITS, what="snapshot")
         row = (
             snapshot.execution_id,
@@ -712,14 +750,23 @@ class SQLiteStore:
         await self._submit(apply, None)
 
     async def load_snapshot(self, execution_id: str) -> Snapshot | None:
-        row = (
-            self._reader()
-            .execute(
-                "SELECT sequence, state, checksum FROM loom_snapshots WHERE execution_id = ?",
-                (execution_id,),
+        try:
+            row = (
+                self._reader()
+                .execute(
+                    "SELECT sequence, state, checksum FROM loom_snapshots WHERE execution_id = ?",
+                    (execution_id,),
+                )
+                .fetchone()
             )
-            .fetchone()
-        )
+        except sqlite3.OperationalError as exc:
+            if "decode" not in str(exc):
+                raise StorageError(
+                    f"SQLite store {self.path}: reading a snapshot failed: {exc}"
+                ) from exc
+            raise CorruptEventError(
+                f"the snapshot of {execution_id!r} is not valid UTF-8", execution_id=execution_id
+            ) from exc
         if row is None:
             return None
         return decode_snapshot(execution_id, row[0], row[1], row[2])

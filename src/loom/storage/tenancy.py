@@ -31,6 +31,7 @@ tenant ``acme``'s execution ``x``. ``close()`` closes only this view unless
 from __future__ import annotations
 
 import dataclasses
+import re
 import unicodedata
 from collections.abc import AsyncIterator, Awaitable, Iterable, Mapping, Sequence
 from typing import TypeVar
@@ -165,9 +166,19 @@ class TenantScopedEventStore:
         return new
 
     def _translate(self, err: LoomError, unscoped: str) -> LoomError:
-        # Every key in the message (execution and envelope ids) is one of this tenant's.
+        # Every key in the message (execution and envelope ids) is one of this tenant's, quoted
+        # by repr() (or in parentheses, in PostgreSQL's key details): take the tenant prefix
+        # off the start of each such id, and nothing else
+        # (an id may itself contain "<tenant>:"). The execution's own id is matched whole
+        # first, so an id containing quotes is restored exactly.
+        own = repr(self._prefix + unscoped)
+        pattern = re.compile(f"{re.escape(own)}|(['\"(]){re.escape(self._prefix)}")
+
+        def unscope(match: re.Match[str]) -> str:
+            return repr(unscoped) if match.group(0) == own else match.group(1)
+
         return type(err)(
-            err.message.replace(self._prefix, ""),
+            pattern.sub(unscope, err.message),
             execution_id=unscoped,
             hint=err.hint,
             **err.details,

@@ -1,0 +1,139 @@
+"""Corrupt or hostile stored records are refused with typed errors (#11.10, #11.11)."""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import loom
+from loom.errors import CorruptEventError, PayloadError
+from loom.storage import InMemoryStore, Snapshot, SQLiteStore, Store
+
+
+@loom.step(id="double")
+async def double(x: int) -> int:
+    return 2 * x
+
+
+@loom.flow(id="gated", version="1")
+async def gated(ctx: loom.WorkflowContext, x: int) -> int:
+    y = await ctx.run(double, x)
+    await ctx.suspend("Go")
+    return await ctx.run(double, y)
+
+
+async def _two(path: Path) -> None:
+    rt = loom.WorkflowRuntime(SQLiteStore(path))
+    rt.register(gated)
+    for eid in ("a-healthy", "b-victim", "c-healthy"):
+        await (await rt.start(gated, 1, execution_id=eid)).wait_for_suspend()
+    await rt.close()
+
+
+@pytest.mark.parametrize(
+    "corruption",
+    [
+        # One payload byte with its high bit flipped: no longer UTF-8 (as a bit flip on disk).
+        "CAST(substr(CAST(payload AS BLOB), 1, 3) || X'E9' || "
+        "substr(CAST(payload AS BLOB), 5) AS TEXT)",
+        "CAST(payload AS BLOB)",  # a BLOB where text belongs
+    ],
+    ids=["invalid-utf8", "blob"],
+)
+async def test_a_corrupt_sqlite_record_is_a_typed_error_for_its_execution_only(
+    tmp_path: Path, corruption: str
+) -> None:
+    path = tmp_path / "corrupt.db"
+    await _two(path)
+    with sqlite3.connect(path) as conn:
+        changed = conn.execute(
+            f"UPDATE loom_events SET payload = {corruption} "
+            "WHERE execution_id = 'b-victim' AND sequence = 1"
+        ).rowcount
+        assert changed == 1
+        # Without the suspension's snapshot, every load folds the corrupt record.
+        conn.execute("DELETE FROM loom_snapshots WHERE execution_id = 'b-victim'")
+    rt = loom.WorkflowRuntime(SQLiteStore(path))
+    rt.register(gated)
+    calls: dict[str, Any] = {
+        "read": lambda: rt.store.read("b-victim"),
+        "load_state": lambda: rt.load_state("b-victim"),
+        "recover": lambda: rt.recover("b-victim"),
+        "resume": lambda: rt.resume("b-victim", "Go"),
+        "cancel": lambda: rt.cancel("b-victim"),
+    }
+    for name, call in calls.items():
+        with pytest.raises(CorruptEventError) as info:
+            await call()
+        assert info.value.execution_id == "b-victim", name
+        assert info.value.details.get("sequence") == 1, name
+    # The listing (the store's index: no log folded) goes on past the corrupt execution.
+    listed = sorted([s.execution_id async for s in rt.executions()])
+    assert listed == ["a-healthy", "b-victim", "c-healthy"]
+    # Others are unaffected.
+    assert (await (await rt.resume("a-healthy", "Go")).settled(10)).output == 4
+    await rt.close()
+
+
+@loom.flow(id="plain", version="1")
+async def plain(ctx: loom.WorkflowContext, x: int) -> int:
+    return await ctx.run(double, await ctx.run(double, x))
+
+
+def _hostile(state: dict[str, Any]) -> dict[str, tuple[dict[str, Any], int]]:
+    seq = state["last_sequence"]
+    big = 2**63
+    return {
+        "ops-as-list": ({**state, "ops": [1, 2]}, seq),
+        "id-not-a-string": ({**state, "execution_id": 7}, seq),
+        "huge-sequence": ({**state, "last_sequence": big}, big),
+        "sequence-mismatch": ({**state, "last_sequence": seq - 1}, seq),
+        "beyond-the-log": ({**state, "last_sequence": seq + 1}, seq + 1),
+        "not-a-state": ({"x": [state]}, seq),
+        "forged-other-execution": (
+            {**state, "execution_id": "bystander", "output": "forged"},
+            seq,
+        ),
+        "status-unknown": ({**state, "status": "exploded"}, seq),
+        "op-kind-not-a-string": (
+            {**state, "ops": {"0": {"kind": [], "name": "x", "status": "completed"}}},
+            seq,
+        ),
+        "sequence-as-string": ({**state, "last_sequence": str(seq)}, seq),
+    }
+
+
+CASES = list(_hostile({"last_sequence": 0}))
+
+
+@pytest.mark.parametrize("backend", ["memory", "sqlite"])
+@pytest.mark.parametrize("case", CASES)
+async def test_a_hostile_snapshot_is_ignored_and_the_log_folded(
+    tmp_path: Path, backend: str, case: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    store: Store = InMemoryStore() if backend == "memory" else SQLiteStore(tmp_path / "s.db")
+    rt = loom.WorkflowRuntime(store)
+    rt.register(plain)
+    await (await rt.start(plain, 1, execution_id="victim")).settled(10)
+    assert await store.load_snapshot("victim") is None  # only the hostile one below
+    truth = await rt.load_state("victim")
+    assert truth is not None and truth.output == 4
+    hostile, sequence = _hostile(truth.to_dict())[case]
+    # Through the public API, so its checksum is valid: only its content is wrong.
+    if sequence > 2**63 - 1:
+        # No store can key it: refused before the write (it used to stop SQLite's writer).
+        with pytest.raises(PayloadError):
+            await store.save_snapshot(Snapshot("victim", sequence, hostile))
+        assert await rt.load_state("victim") == truth
+        await rt.close()
+        return
+    await store.save_snapshot(Snapshot("victim", sequence, hostile))
+    with caplog.at_level(logging.WARNING, logger="loom.runtime"):
+        loaded = await rt.load_state("victim")
+    assert loaded == truth
+    assert any("snapshot" in r.getMessage() for r in caplog.records)
+    await rt.close()
