@@ -12,7 +12,8 @@ is ``--result-bytes`` of text. Three figures, in bytes:
 - *full history per call*: what recording each model call's whole request history plus its
   response takes (the peers' way of checkpointing a conversation).
 
-**Overhead.** Wall time per turn of the durable run, next to the same turns with the
+**Overhead.** Wall time (and this process's CPU time, which a busy machine's scheduling does
+not inflate) per turn of the durable run, next to the same turns with the
 provider and the tools called directly, no runtime (the provider call alone: ScriptedProvider
 answers instantly, so the difference is Loom's cost per turn: its commits and encoding). A
 turn is two durable commits with the chosen ``synchronous`` setting: the model call's event,
@@ -75,10 +76,11 @@ async def durable_run(db: Path, turns: int, result_bytes: int, sync: str) -> dic
     store = loom.SQLiteStore(db, synchronous=sync)
     async with loom.WorkflowRuntime(store, timers=False) as runtime:
         runtime.register(agent)
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         handle = await runtime.start(agent, "Read the pages.", execution_id="bench")
         result = await handle.result(timeout=600)
         elapsed = time.perf_counter() - started
+        cpu = time.process_time() - cpu
         events = await store.read("bench")
     conn = sqlite3.connect(db)
     blob_bytes = conn.execute("SELECT COALESCE(SUM(LENGTH(data)), 0) FROM loom_blobs").fetchone()[0]
@@ -94,6 +96,7 @@ async def durable_run(db: Path, turns: int, result_bytes: int, sync: str) -> dic
     distinct, per_call = sizes(provider.requests, final)
     return {
         "elapsed": elapsed,
+        "cpu": cpu,
         "turns": result["turns"],
         "loom": event_bytes + blob_bytes,
         "events": event_bytes,
@@ -176,6 +179,8 @@ async def main() -> None:
     print(f"{'per turn':<34}{'ms':>12}")
     print(f"{'provider + tool alone':<34}{alone_turn:>12.3f}")
     print(f"{'Loom durable turn':<34}{per_turn:>12.3f}")
+    cpu_turn = statistics.median(r["cpu"] for r in runs) / args.turns * 1000
+    print(f"{'  of which CPU (this process)':<34}{cpu_turn:>12.3f}")
     print(f"{'Loom overhead':<34}{per_turn - alone_turn:>12.3f}")
     print(f"{'raw floor: 2 commits':<34}{floor_turn:>12.3f}")
     print(f"{'overhead over the floor':<34}{per_turn - alone_turn - floor_turn:>12.3f}")
