@@ -24,6 +24,7 @@ from loom.llm import (
 from loom.model import ExecutionStatus, PayloadLimits
 from loom.storage import InMemoryStore, SQLiteStore
 from loom.testing import SkippingClock
+from tests._pg import require_pg, temp_schema
 
 EFFECTS: list[str] = []
 
@@ -61,8 +62,20 @@ def _clear() -> None:
     EFFECTS.clear()
 
 
-@pytest.fixture(params=["memory", "sqlite"])
+@pytest.fixture(params=["memory", "sqlite", "postgres"])
 async def runtime(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
+    if request.param == "postgres":
+        # PostgreSQL keeps blobs without AppendsWithBlobs: the put-then-append path.
+        dsn = require_pg()
+        from loom.storage.postgres import PostgresStore
+
+        async with temp_schema(dsn) as schema:
+            rt = loom.WorkflowRuntime(
+                await PostgresStore.open(dsn, schema=schema), clock=SkippingClock()
+            )
+            yield rt
+            await rt.close()
+        return
     store = InMemoryStore() if request.param == "memory" else SQLiteStore(tmp_path / "a.db")
     rt = loom.WorkflowRuntime(store, clock=SkippingClock())
     yield rt
