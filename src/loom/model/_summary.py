@@ -166,7 +166,7 @@ def summary_change(batch: Sequence[Envelope]) -> SummaryChange | None:
     """
     change: SummaryChange | None = None
     for env in batch:
-        t = str(env.type.value if isinstance(env.type, EventType) else env.type)
+        t = env.type  # a str (EventType members are str): compared by value
         if t not in SUMMARY_EVENT_TYPES:
             continue
         p = env.payload
