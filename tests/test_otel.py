@@ -6,7 +6,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import loom
-from loom.otel import OpenTelemetryObserver
+from loom.otel import OpenTelemetryInterceptor
 
 
 async def test_each_step_attempt_is_a_span_and_replays_are_not() -> None:
@@ -14,7 +14,8 @@ async def test_each_step_attempt_is_a_span_and_replays_are_not() -> None:
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     rt = loom.WorkflowRuntime(
-        loom.InMemoryStore(), observer=OpenTelemetryObserver(provider.get_tracer("test"))
+        loom.InMemoryStore(),
+        interceptors=[OpenTelemetryInterceptor(provider.get_tracer("test"))],
     )
 
     @loom.step(id="flaky", retry=loom.RetryPolicy(max_attempts=2, initial_backoff=0))

@@ -57,6 +57,7 @@ EXPECTED = {
     "recover_abandoned",
     "register_event",
     "replay",
+    "resource",
     "step",
 }
 

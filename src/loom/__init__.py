@@ -56,6 +56,7 @@ from loom.runtime import (
     flow,
     handler,
     recover_abandoned,
+    resource,
     step,
 )
 from loom.storage import InMemoryStore, Snapshot, SQLiteStore
@@ -111,6 +112,7 @@ __all__ = [
     "recover_abandoned",
     "register_event",
     "replay",
+    "resource",
     "step",
     "tool",
 ]

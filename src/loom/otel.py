@@ -1,6 +1,6 @@
-"""OpenTelemetry tracing for steps (extra ``loom-runtime[otel]``).
+"""OpenTelemetry tracing for steps (extra ``loom-runtime[otel]``), as a step interceptor.
 
-    runtime = loom.WorkflowRuntime(store, observer=loom.otel.OpenTelemetryObserver())
+    runtime = loom.WorkflowRuntime(store, interceptors=[loom.otel.OpenTelemetryInterceptor()])
 
 Each attempt of a step's effect becomes a span ``loom.step <id>`` with the execution id,
 position, attempt and idempotency key as attributes; a failing attempt records its exception.
@@ -9,16 +9,17 @@ Replayed steps create no span: they run nothing.
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager
 from typing import Any
 
 from loom.errors import ConfigurationError
-from loom.runtime._sdk import StepInfo
+from loom.runtime._intercept import CallNext, StepCall
 
-__all__ = ["OpenTelemetryObserver"]
+__all__ = ["OpenTelemetryInterceptor"]
 
 
-class OpenTelemetryObserver:
+class OpenTelemetryInterceptor:
+    """Traces each step attempt as a span (``tracer`` defaults to the global ``loom`` one)."""
+
     def __init__(self, tracer: Any = None) -> None:
         if tracer is None:
             try:
@@ -31,8 +32,9 @@ class OpenTelemetryObserver:
             tracer = trace.get_tracer("loom")
         self.tracer = tracer
 
-    def step(self, info: StepInfo) -> AbstractContextManager[object]:
-        span: AbstractContextManager[object] = self.tracer.start_as_current_span(
+    async def invoke(self, call: StepCall, call_next: CallNext) -> Any:
+        info = call.info
+        with self.tracer.start_as_current_span(
             f"loom.step {info.step_id}",
             attributes={
                 "loom.execution_id": info.execution_id,
@@ -41,5 +43,5 @@ class OpenTelemetryObserver:
                 "loom.attempt": info.attempt,
                 "loom.idempotency_key": info.idempotency_key,
             },
-        )
-        return span
+        ):
+            return await call_next(call)

@@ -143,7 +143,16 @@ def _step_completed(state: ExecutionState, e: StepCompleted, env: Envelope) -> N
     op = ops.get(pos)
     if op is not None and op.status is _COMPLETED:
         raise _already_completed(state, env, pos)
-    ops[pos] = OpRecord(_STEP, e.step_id, _COMPLETED, e.output, None, e.attempt)
+    annotations = e.annotations
+    ops[pos] = OpRecord(
+        _STEP,
+        e.step_id,
+        _COMPLETED,
+        e.output,
+        None,
+        e.attempt,
+        dict(annotations) if annotations is not None else None,
+    )
 
 
 def _step_failed(state: ExecutionState, e: StepFailed, env: Envelope) -> None:

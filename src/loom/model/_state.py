@@ -67,6 +67,8 @@ class OpRecord:
     output: Any = None
     error: dict[str, Any] | None = None
     attempts: int = 0
+    #: What step interceptors attached to the completed attempt (tokens, cost), if anything.
+    annotations: dict[str, Any] | None = None
 
     @property
     def outcome(self) -> WaitOutcome | None:
@@ -78,7 +80,7 @@ class OpRecord:
         return WaitOutcome.ELAPSED if self.kind == OpKind.TIMER else WaitOutcome.DECIDED
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        d = {
             "kind": str(self.kind),
             "name": self.name,
             "status": self.status.value,
@@ -86,6 +88,9 @@ class OpRecord:
             "error": self.error,
             "attempts": self.attempts,
         }
+        if self.annotations is not None:  # absent otherwise: snapshots keep their old shape
+            d["annotations"] = self.annotations
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> OpRecord:
@@ -96,6 +101,7 @@ class OpRecord:
             d.get("output"),
             d.get("error"),
             int(d.get("attempts", 0)),
+            d.get("annotations"),
         )
 
 
@@ -163,7 +169,9 @@ class ExecutionState:
         them in place, so only the containers and op records need copying."""
         new = copy.copy(self)
         new.ops = {
-            k: OpRecord(op.kind, op.name, op.status, op.output, op.error, op.attempts)
+            k: OpRecord(
+                op.kind, op.name, op.status, op.output, op.error, op.attempts, op.annotations
+            )
             for k, op in self.ops.items()
         }
         if self.waiting is not None:

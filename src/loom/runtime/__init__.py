@@ -3,7 +3,7 @@
 from loom.runtime._clock import Clock, SystemClock
 from loom.runtime._context import SuspendExecution, UIState, WorkflowContext
 from loom.runtime._gates import GateValidator, register_gate_validator
-from loom.runtime._observe import StepObserver
+from loom.runtime._intercept import CallNext, StepCall, StepInterceptor, resource
 from loom.runtime._runtime import ExecutionHandle, WorkflowRuntime
 from loom.runtime._sdk import (
     Flow,
@@ -19,6 +19,7 @@ from loom.runtime.recovery import RecoveryReport, recover_abandoned
 from loom.runtime.timers import TimerService, WakeOutcome
 
 __all__ = [
+    "CallNext",
     "Clock",
     "ExecutionHandle",
     "Flow",
@@ -26,8 +27,9 @@ __all__ = [
     "RecoveryReport",
     "RetryPolicy",
     "Step",
+    "StepCall",
     "StepInfo",
-    "StepObserver",
+    "StepInterceptor",
     "SuspendExecution",
     "SystemClock",
     "TimerService",
@@ -40,5 +42,6 @@ __all__ = [
     "handler",
     "recover_abandoned",
     "register_gate_validator",
+    "resource",
     "step",
 ]

@@ -35,6 +35,7 @@ from loom.model import (
     encode_json,
 )
 from loom.runtime._driver import Driver
+from loom.runtime._intercept import StepCall
 from loom.runtime._sdk import Flow, Step, StepInfo, _current_step, _seconds
 from loom.storage import Timer
 
@@ -218,15 +219,22 @@ class WorkflowContext:
         while True:
             if driver.fenced_out is not None:
                 raise driver.fenced_out  # never run an effect for a holder that lost its fence
-            info = StepInfo(self.execution_id, pos, attempt, step.id, driver.fence)
+            info = StepInfo(
+                self.execution_id, pos, attempt, step.id, driver.fence, driver.resources
+            )
             started_at = driver.clock.now()
             if step.record_start:
                 await driver.append([StepStarted(pos, step.id, attempt)])
             token = _current_step.set(info)
             try:
                 faults.hit("before_effect")
-                with driver.observer.step(info):
+                if driver.intercept is None:
                     value = await step.invoke(*args, **kwargs)
+                    annotations = None
+                else:
+                    call = StepCall(info, step, args, kwargs)
+                    value = await driver.intercept(call)
+                    annotations = call.annotations or None
                 output = step.output.dump(value, f"output of step {step.id!r}")
             except Exception as exc:
                 await self._attempt_failed(step, pos, attempt, exc)
@@ -236,7 +244,9 @@ class WorkflowContext:
                 _current_step.reset(token)
             faults.hit("after_effect_before_record")
             try:
-                await driver.append([StepCompleted(pos, step.id, attempt, output, started_at)])
+                await driver.append(
+                    [StepCompleted(pos, step.id, attempt, output, started_at, annotations)]
+                )
             except PayloadError as exc:
                 # The output is not storable (checked while building the record, before the
                 # store saw anything): a step failure, never a crash of the flow's driver.

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
 
 from loom.errors import (
     ConfigurationError,
@@ -15,7 +16,7 @@ from loom.errors import (
 )
 from loom.model import Envelope, EventPayload, ExecutionState, PayloadLimits, UIPatched, apply_event
 from loom.runtime._clock import Clock
-from loom.runtime._observe import NO_OBSERVER, StepObserver
+from loom.runtime._intercept import CallNext
 from loom.storage import AppendsWithBlobs, BlobStore, Snapshot, Store, Timer
 
 __all__ = ["Driver"]
@@ -79,7 +80,10 @@ class Driver:
         self.task: asyncio.Task[None] | None = None
         #: Set by the runtime: makes a timer durable (before the wait that needs it is logged).
         self.schedule_timer: Callable[[Timer], Awaitable[None]] | None = None
-        self.observer: StepObserver = NO_OBSERVER
+        #: The runtime's interceptor chain around each step attempt (None: call the step).
+        self.intercept: CallNext | None = None
+        #: The runtime's resources, handed to each step through its StepInfo.
+        self.resources: Mapping[str, Any] = {}
         #: The refusal that fenced this holder out: every later write and effect stops on it,
         #: even if the flow swallows the first one with a broad ``except``.
         self.fenced_out: StaleFenceError | None = None

@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import AsyncIterator
-from types import TracebackType
+from collections.abc import AsyncIterator, Mapping, Sequence
+from types import MappingProxyType, TracebackType
 from typing import Any, TypeVar
 
 import pydantic
@@ -62,7 +62,7 @@ from loom.runtime._context import (
 from loom.runtime._driver import Driver
 from loom.runtime._gates import gate_validator
 from loom.runtime._handle import ExecutionHandle
-from loom.runtime._observe import NO_OBSERVER, StepObserver
+from loom.runtime._intercept import StepInterceptor, build_chain
 from loom.runtime._sdk import _NOT_JSON, Flow, json_dump
 from loom.runtime.timers import TimerService, WakeOutcome
 from loom.storage import ExecutionQuery, Store, Timer, TimerStore
@@ -92,7 +92,9 @@ class WorkflowRuntime:
     number of events between snapshots (loading reads the newest snapshot plus the tail).
     With ``timers=True`` (the default) the runtime fires due timers of its store itself once it
     is in use; pass ``timers=False`` where a separate :class:`TimerService` does that.
-    ``observer`` wraps every step attempt (e.g. ``loom.otel.OpenTelemetryObserver()``).
+    ``interceptors`` wrap every step attempt, first = outermost (tracing with
+    ``loom.otel.OpenTelemetryInterceptor()``, token accounting, a simulation's dry run);
+    ``resources`` are shared with steps by name (``loom.resource("llm")`` inside a step).
     """
 
     def __init__(
@@ -103,7 +105,8 @@ class WorkflowRuntime:
         snapshot_every: int = 256,
         limits: PayloadLimits = DEFAULT_LIMITS,
         timers: bool = True,
-        observer: StepObserver | None = None,
+        interceptors: Sequence[StepInterceptor] = (),
+        resources: Mapping[str, Any] | None = None,
     ) -> None:
         if store is None:
             from loom.storage import SQLiteStore
@@ -124,7 +127,9 @@ class WorkflowRuntime:
         if self._timer_store is not None:
             self.timers = TimerService(self._timer_store, self._wake_locally, clock=self.clock)
         self._serve_timers = timers
-        self.observer: StepObserver = observer or NO_OBSERVER
+        self.interceptors: tuple[StepInterceptor, ...] = tuple(interceptors)
+        self._intercept = build_chain(self.interceptors)
+        self.resources: Mapping[str, Any] = MappingProxyType(dict(resources or {}))
 
     # ------------------------------------------------------------------ registry
 
@@ -564,7 +569,8 @@ class WorkflowRuntime:
         )
         if self._timer_store is not None:
             driver.schedule_timer = self._schedule_timer
-        driver.observer = self.observer
+        driver.intercept = self._intercept
+        driver.resources = self.resources
         return driver
 
     async def _schedule_timer(self, timer: Timer) -> None:

@@ -8,7 +8,7 @@ import math
 import typing
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 
@@ -106,6 +106,8 @@ class StepInfo:
     attempt: int
     step_id: str
     fence: int = 0
+    #: What the runtime was given to share with steps (see :func:`loom.resource`).
+    resources: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def idempotency_key(self) -> str:
