@@ -252,7 +252,7 @@ def _bad_requests() -> list[Any]:
         pytest.param(b"[1, 2]", {}, 400, "wire_format", id="not-an-object"),
         pytest.param(b"[" * 200 + b"]" * 200, {}, 400, "wire_format", id="deeply-nested"),
         pytest.param(
-            json.dumps({**good, "wire_version": 2}), {}, 400, "wire_format", id="wire-version-2"
+            json.dumps({**good, "wire_version": 3}), {}, 400, "wire_format", id="wire-version-3"
         ),
         pytest.param(
             json.dumps({**good, "wire_version": None}), {}, 400, "wire_format", id="no-version"
@@ -701,7 +701,7 @@ _SUPERSEDED = {"error": "execution superseded", "code": "superseded", "execution
         (401, _detail("AuthenticationError", "unauthenticated"), RemoteWorkerError, False),
         (502, b"<html>bad gateway</html>", RemoteWorkerError, False),
         (200, b"<html>", WireFormatError, False),
-        (200, {"wire_version": 2}, WireFormatError, False),
+        (200, {"wire_version": 3}, WireFormatError, False),
         (
             200,
             {

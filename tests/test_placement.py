@@ -72,8 +72,8 @@ def test_package_and_result_round_trip_exactly() -> None:
     )
     result = ExecutionResult.from_state(state)
     assert ExecutionResult.from_json(result.to_json()) == result
-    with pytest.raises(WireFormatError, match="wire_version 2"):
-        ExecutionPackage.from_dict({**json.loads(text), "wire_version": 2})
+    with pytest.raises(WireFormatError, match="wire_version 3"):
+        ExecutionPackage.from_dict({**json.loads(text), "wire_version": 3})
     with pytest.raises(WireFormatError, match="not valid JSON"):
         ExecutionPackage.from_json("{nope")
     with pytest.raises(WireFormatError, match="execution_id"):

@@ -229,7 +229,7 @@ async def test_close_stops_replaced_drivers_too(tmp_path: Path) -> None:
     rt.register(wedged)
     first = await rt.start(wedged, execution_id="w")
     await entered.wait()
-    second = await rt.recover("w", fence=await rt.store.acquire_fence("w"))
+    second = await rt.recover("w", holder=await rt.acquire_lease("w"))
     await second.result(timeout=10)
     with pytest.raises(loom.ExecutionSupersededError):
         await first.result(timeout=10)  # the replaced driver was stopped, not leaked

@@ -8,7 +8,13 @@ from loom.placement._spi import (
     WorkerRuntime,
     is_superseded_refusal,
 )
-from loom.placement._wire import WIRE_VERSION, ExecutionPackage, ExecutionResult, ResumeEvent
+from loom.placement._wire import (
+    WIRE_VERSION,
+    ExecutionPackage,
+    ExecutionResult,
+    Intent,
+    ResumeEvent,
+)
 from loom.placement.dispatchers import LocalDispatcher, SupervisingDispatcher
 from loom.placement.local import TIMER_WAKE, LocalWorkerRuntime, timer_package
 from loom.placement.timers import dispatching_timer_service
@@ -21,6 +27,7 @@ __all__ = [
     "ExecutionPackage",
     "ExecutionResult",
     "Health",
+    "Intent",
     "LocalDispatcher",
     "LocalWorkerRuntime",
     "ResumeEvent",

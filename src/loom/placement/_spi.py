@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, runtime_checkable
 
 from loom.placement._wire import ExecutionPackage, ExecutionResult
+from loom.runtime import Lease
 
 __all__ = [
     "DISPATCHER_SPI_VERSION",
@@ -22,20 +23,16 @@ __all__ = [
 #: 1.1.0: a dispatcher MUST NOT retry or redispatch on a superseded refusal (ADR 0004, L20).
 DISPATCHER_SPI_VERSION = "1.1.0"
 
-#: Set in a package's metadata by a dispatcher re-running a package after a failed attempt.
-REDISPATCH = "loom.redispatch"
-
 
 def mark_redispatch(package: ExecutionPackage) -> ExecutionPackage:
     """The same package, marked as a retry after this dispatcher's own failed attempt: the
     worker may then take over a running execution that a resume left (ADR 0004)."""
-    if package.metadata.get(REDISPATCH):
-        return package
-    return replace(package, metadata={**package.metadata, REDISPATCH: True})
+    return package if package.redispatch else replace(package, redispatch=True)
 
 
 def is_redispatch(package: ExecutionPackage) -> bool:
-    return bool(package.metadata.get(REDISPATCH))
+    """Whether ``package`` is a dispatcher's retry after its own failed attempt."""
+    return package.redispatch
 
 
 _SUPERSEDED_NAMES = frozenset(
@@ -68,12 +65,18 @@ def is_superseded_refusal(err: BaseException, execution_id: str) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class WorkerLease:
-    """A compute allocation for one attempt. ``fence`` is the attempt's fencing token."""
+    """A compute allocation for one attempt. ``fence`` is the attempt's fencing token (0 when
+    the attempt holds none yet: a resume or wake takes over conditionally instead)."""
 
     lease_id: str
     execution_id: str
     fence: int
     worker: str = "local"
+
+    @property
+    def holder(self) -> Lease | None:
+        """The runtime lease this allocation holds, or None when it took no fence."""
+        return Lease(self.execution_id, self.fence) if self.fence > 0 else None
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,10 +18,42 @@ from loom.model import (
     execution_id_problem,
 )
 
-__all__ = ["WIRE_VERSION", "ExecutionPackage", "ExecutionResult", "ResumeEvent"]
+__all__ = [
+    "READABLE_VERSIONS",
+    "REDISPATCH",
+    "TIMER_WAKE",
+    "WIRE_VERSION",
+    "ExecutionPackage",
+    "ExecutionResult",
+    "Intent",
+    "ResumeEvent",
+]
 
-#: The wire shape's version. A reader refuses any other with WireFormatError.
-WIRE_VERSION = 1
+#: The wire shape's version this Loom writes. Version 2 added a package's ``intent`` and
+#: ``redispatch`` flag; version 1 (where a worker inferred both) is still read.
+WIRE_VERSION = 2
+#: What a reader accepts; anything else is refused with WireFormatError.
+READABLE_VERSIONS = frozenset({1, 2})
+
+#: The resume event of a timer wake package (the payload names the waiting position).
+TIMER_WAKE = "loom.timer-wake"
+
+#: Where a version-1 package carried the redispatch marker (its metadata).
+REDISPATCH = "loom.redispatch"
+
+
+class Intent(enum.StrEnum):
+    """What a package asks a worker to do (one worker method each)."""
+
+    #: Run a new execution (a redispatched start whose first attempt ran continues it).
+    START = "start"
+    #: Deliver a gate's decision (``resume_event``) to a suspended execution.
+    RESUME = "resume"
+    #: End the timed wait at a position whose timer is due (a timer service's wake).
+    WAKE = "wake"
+    #: Continue a running execution whose holder stopped (recovery), from its newest snapshot.
+    CONTINUE = "continue"
+
 
 #: A result carries a whole folded state, so it may be as large and deep as a snapshot.
 RESULT_LIMITS = PayloadLimits(max_bytes=256 << 20, max_depth=900)
@@ -43,9 +76,10 @@ def _check_version(data: Any, what: str) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise WireFormatError(f"{what} must be a JSON object")
     version = data.get("wire_version")
-    if version != WIRE_VERSION:
+    if type(version) is not int or version not in READABLE_VERSIONS:
         raise WireFormatError(
-            f"{what} has wire_version {version!r}; this Loom speaks {WIRE_VERSION}",
+            f"{what} has wire_version {version!r}; this Loom reads "
+            f"{', '.join(map(str, sorted(READABLE_VERSIONS)))}",
             hint="Run the same Loom version on dispatchers and workers",
         )
     return data
@@ -70,9 +104,14 @@ class ResumeEvent:
 class ExecutionPackage:
     """What to run, by reference: identity and resume coordinates, never code.
 
-    ``flow_id`` names code the worker already holds. A package with ``resume_event`` delivers a
-    gate's decision; ``from_sequence`` (optional) is the highest sequence the caller has seen,
-    so a worker whose store is behind refuses instead of acting on stale state.
+    ``flow_id`` names code the worker already holds. ``intent`` says what to do (see
+    :class:`Intent`): a ``RESUME`` carries the gate's decision in ``resume_event``, a ``WAKE``
+    the timer's position (``resume_event`` of type :data:`TIMER_WAKE`); ``START`` and
+    ``CONTINUE`` carry none. Built without an intent, a package with a ``resume_event`` is a
+    resume (or a wake), as version 1 of the wire inferred. ``redispatch`` marks a dispatcher's
+    retry after its own failed attempt: only then may a resume take over a running execution
+    that the failed attempt left. ``from_sequence`` (optional) is the highest sequence the
+    caller has seen, so a worker whose store is behind refuses instead of acting on stale state.
     """
 
     execution_id: str
@@ -84,10 +123,40 @@ class ExecutionPackage:
     from_sequence: int | None = None
     flow_version: str | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
+    intent: Intent = Intent.START
+    redispatch: bool = False
+
+    def __post_init__(self) -> None:
+        event = self.resume_event
+        intent = Intent(self.intent)
+        if event is not None and intent is Intent.START:  # no intent given: as version 1 did
+            intent = Intent.WAKE if event.event_type == TIMER_WAKE else Intent.RESUME
+        object.__setattr__(self, "intent", intent)
+        waits = intent in (Intent.RESUME, Intent.WAKE)
+        if waits != (event is not None):
+            raise WireFormatError(
+                f"a {intent} package {'needs' if waits else 'takes no'} resume_event",
+                execution_id=self.execution_id,
+            )
+        if event is not None and (event.event_type == TIMER_WAKE) != (intent is Intent.WAKE):
+            raise WireFormatError(
+                f"a {intent} package cannot carry a {event.event_type!r} event",
+                execution_id=self.execution_id,
+            )
+
+    @property
+    def wake_position(self) -> int | None:
+        """The position a ``WAKE`` package ends the wait at (None if it names none)."""
+        event = self.resume_event if self.intent is Intent.WAKE else None
+        payload = event.payload if event is not None else None
+        position = payload.get("position") if isinstance(payload, dict) else None
+        return position if type(position) is int else None
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "wire_version": WIRE_VERSION,
+            "intent": self.intent.value,
+            "redispatch": self.redispatch,
             "execution_id": self.execution_id,
             "workflow_id": self.workflow_id,
             "flow_id": self.flow_id,
@@ -123,6 +192,17 @@ class ExecutionPackage:
         metadata = d.get("metadata") or {}
         if not isinstance(metadata, dict):
             raise WireFormatError(f"{what}: metadata must be an object")
+        if d["wire_version"] == 1:
+            intent = Intent.START  # inferred from resume_event in __post_init__
+            redispatch = bool(metadata.get(REDISPATCH))
+        else:
+            try:
+                intent = Intent(_need(d, "intent", str, what))
+            except ValueError as exc:
+                raise WireFormatError(f"{what}: unknown intent {d.get('intent')!r}") from exc
+            if intent is Intent.START and event is not None:
+                raise WireFormatError(f"{what}: a start package takes no resume_event")
+            redispatch = _need(d, "redispatch", bool, what)
         return cls(
             execution_id=execution_id,
             flow_id=_need(d, "flow_id", str, what),
@@ -133,6 +213,8 @@ class ExecutionPackage:
             from_sequence=_maybe(d, "from_sequence", int, what),
             flow_version=_maybe(d, "flow_version", str, what),
             metadata=metadata,
+            intent=intent,
+            redispatch=redispatch,
         )
 
     @classmethod

@@ -3,19 +3,25 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from loom.errors import ConfigurationError, ExecutionNotFoundError, NotWaitingError, StorageError
-from loom.model import ExecutionStatus, execution_id_problem
-from loom.placement._spi import Health, WorkerLease, is_redispatch
-from loom.placement._wire import ExecutionPackage, ExecutionResult, ResumeEvent
+from loom.model import ExecutionState, ExecutionStatus, execution_id_problem
+from loom.placement._spi import Health, WorkerLease
+from loom.placement._wire import (
+    TIMER_WAKE,
+    ExecutionPackage,
+    ExecutionResult,
+    Intent,
+    ResumeEvent,
+)
 from loom.runtime import ExecutionHandle, WorkflowRuntime
 from loom.storage import Timer
 
 __all__ = ["TIMER_WAKE", "LocalWorkerRuntime", "timer_package"]
 
-#: The resume event of a timer wake package (the payload names the waiting position).
-TIMER_WAKE = "loom.timer-wake"
+_LIVE = (ExecutionStatus.RUNNING, ExecutionStatus.PENDING)
 
 
 def timer_package(timer: Timer) -> ExecutionPackage:
@@ -24,45 +30,50 @@ def timer_package(timer: Timer) -> ExecutionPackage:
         execution_id=timer.execution_id,
         flow_id=timer.flow_id or "unknown",
         resume_event=ResumeEvent(TIMER_WAKE, {"position": timer.position}),
+        intent=Intent.WAKE,
     )
 
 
-def _timer_position(package: ExecutionPackage) -> int | None:
-    payload = package.resume_event.payload if package.resume_event else None
-    position = payload.get("position") if isinstance(payload, dict) else None
-    return position if isinstance(position, int) else None
+_Run = Callable[[WorkerLease, ExecutionPackage, ExecutionState | None], Awaitable[ExecutionResult]]
 
 
 class LocalWorkerRuntime:
-    """Runs a package on ``runtime`` (its "code bundle"). Every attempt takes a new fence in
-    :meth:`allocate`, so a redispatch always supersedes the attempt before it."""
+    """Runs a package on ``runtime`` (its "code bundle"): one method per :class:`Intent`.
+
+    A start or continue takes a new fence in :meth:`allocate`, so a redispatch always
+    supersedes the attempt before it; a resume or wake takes over conditionally instead, so a
+    duplicate or late one never fences out the holder that already moved the execution on.
+    """
 
     def __init__(self, runtime: WorkflowRuntime, *, name: str = "local") -> None:
         self.runtime = runtime
         self.name = name
         self._leases: dict[str, WorkerLease] = {}
+        self._by_intent: dict[Intent, _Run] = {
+            Intent.START: self._start,
+            Intent.RESUME: self._resume,
+            Intent.WAKE: self._wake,
+            Intent.CONTINUE: self._continue,
+        }
 
     async def allocate(self, package: ExecutionPackage) -> WorkerLease:
-        # A start or redispatch may need to take over from a dead holder, so it is fenced up
-        # front (ADR 0004). A resume or timer wake is not: it continues a waiting execution
-        # through a conditional take-over in execute(), so a duplicate or late one can never
-        # fence out the holder that already moved the execution on (fence 0 = none yet).
+        # A start or continue may need to take over from a dead holder, so it is fenced up
+        # front (ADR 0004); fence 0 = none yet (a resume or wake).
         problem = execution_id_problem(package.execution_id)
         if problem is not None:
             # Refused before the fence below: a malformed id must not leave even that behind.
             raise ConfigurationError(f"cannot allocate: {problem} (got {package.execution_id!r})")
         fence = 0
-        if package.resume_event is None:
+        if package.intent in (Intent.START, Intent.CONTINUE):
             fence = await self.runtime.store.acquire_fence(package.execution_id)
         lease = WorkerLease(uuid.uuid4().hex, package.execution_id, fence, self.name)
         self._leases[lease.lease_id] = lease
         return lease
 
     async def execute(self, lease: WorkerLease, package: ExecutionPackage) -> ExecutionResult:
-        """The idempotent execute of ADR 0004: start, resume, recover or just report."""
-        rt = self.runtime
+        """The idempotent execute of ADR 0004, by the package's intent."""
         eid = package.execution_id
-        state = await rt.load_state(eid)
+        state = await self.runtime.load_state(eid)
         if package.from_sequence is not None and (
             state is None or state.last_sequence < package.from_sequence
         ):
@@ -73,60 +84,97 @@ class LocalWorkerRuntime:
                 execution_id=eid,
                 hint="Point the worker at the same store as the dispatcher",
             )
-        handle: ExecutionHandle[Any]
-        if state is None:
-            if package.resume_event is not None:
-                raise ExecutionNotFoundError(
-                    f"cannot resume {eid!r}: it does not exist in this worker's store",
-                    execution_id=eid,
-                )
-            handle = await rt.start(
-                package.flow_id,
-                package.input,
-                execution_id=eid,
-                fence=lease.fence,
-                flow_version=package.flow_version,
-                metadata={"workflow_id": package.workflow_id} if package.workflow_id else None,
-            )
-        elif package.resume_event is not None and package.resume_event.event_type == TIMER_WAKE:
-            position = _timer_position(package)
-            woken = None
-            if position is not None:
-                _, woken = await rt.fire_timer(eid, position)
-            if woken is None:
-                # Not due, already fired, or the execution moved on: report, take nothing over.
-                state = await rt.load_state(eid) or state
-                return ExecutionResult.from_state(state)
-            handle = woken
-        elif (
-            package.resume_event is not None
-            and state.status is ExecutionStatus.SUSPENDED
-            and state.waiting is not None
-            and state.waiting.event_type == package.resume_event.event_type
+        return await self._by_intent[package.intent](lease, package, state)
+
+    async def _start(
+        self, lease: WorkerLease, package: ExecutionPackage, state: ExecutionState | None
+    ) -> ExecutionResult:
+        if state is not None:
+            # A redispatched start whose first attempt got as far as writing: continue it.
+            return await self._continue(lease, package, state)
+        handle: ExecutionHandle[Any] = await self.runtime.start(
+            package.flow_id,
+            package.input,
+            execution_id=package.execution_id,
+            holder=lease.holder,
+            flow_version=package.flow_version,
+            metadata={"workflow_id": package.workflow_id} if package.workflow_id else None,
+        )
+        return await _settled(handle)
+
+    async def _resume(
+        self, lease: WorkerLease, package: ExecutionPackage, state: ExecutionState | None
+    ) -> ExecutionResult:
+        state = _require(package, state)
+        event = package.resume_event
+        assert event is not None  # a RESUME package carries one (checked when it was built)
+        gate = state.waiting
+        if (
+            state.status is ExecutionStatus.SUSPENDED
+            and gate
+            and gate.event_type == event.event_type
         ):
-            event = package.resume_event
             try:
-                handle = await rt.resume(eid, event.event_type, event.payload)
+                handle = await self.runtime.resume(
+                    state.execution_id, event.event_type, event.payload
+                )
             except NotWaitingError:
                 # Another decision or holder moved first (a duplicate or late dispatch):
                 # report what the log says now.
-                state = await rt.load_state(eid) or state
-                return ExecutionResult.from_state(state)
-        elif state.status in (ExecutionStatus.RUNNING, ExecutionStatus.PENDING):
-            if package.resume_event is not None and not is_redispatch(package):
-                # The decision was applied already and someone is driving: a duplicate or
-                # late resume must not take over the live holder. Only a dispatcher's retry
-                # after its own failed attempt (the holder died mid-resume) recovers it.
-                return ExecutionResult.from_state(state)
-            fence = lease.fence or await rt.store.acquire_fence(eid)
-            handle = await rt.recover(eid, fence=fence)
-        else:
+                return await self._report(state)
+            return await _settled(handle)
+        if state.status in _LIVE and package.redispatch:
+            # The decision was applied, and the holder that applied it died mid-resume: only
+            # the dispatcher's own retry after that failed attempt takes the execution over.
+            return await self._continue(lease, package, state)
+        # Decided already and driven by someone (a duplicate or late resume), suspended on
+        # another gate, or ended: report, take nothing over.
+        return ExecutionResult.from_state(state)
+
+    async def _wake(
+        self, lease: WorkerLease, package: ExecutionPackage, state: ExecutionState | None
+    ) -> ExecutionResult:
+        state = _require(package, state)
+        position = package.wake_position
+        woken = None
+        if position is not None:
+            _, woken = await self.runtime.fire_timer(state.execution_id, position)
+        if woken is None:
+            # Not due, already fired, or the execution moved on: report, take nothing over.
+            return await self._report(state)
+        return await _settled(woken)
+
+    async def _continue(
+        self, lease: WorkerLease, package: ExecutionPackage, state: ExecutionState | None
+    ) -> ExecutionResult:
+        state = _require(package, state)
+        if state.status not in _LIVE:
             # Suspended or terminal: a lost-response redispatch. Report, re-run nothing.
             return ExecutionResult.from_state(state)
-        return ExecutionResult.from_state(await handle.settled())
+        holder = lease.holder or await self.runtime.acquire_lease(state.execution_id)
+        return await _settled(await self.runtime.recover(state.execution_id, holder=holder))
+
+    async def _report(self, state: ExecutionState) -> ExecutionResult:
+        return ExecutionResult.from_state(
+            await self.runtime.load_state(state.execution_id) or state
+        )
 
     async def release(self, lease: WorkerLease) -> None:
         self._leases.pop(lease.lease_id, None)
 
     async def health(self) -> Health:
         return Health(True, len(self._leases), {"worker": self.name})
+
+
+def _require(package: ExecutionPackage, state: ExecutionState | None) -> ExecutionState:
+    if state is None:
+        raise ExecutionNotFoundError(
+            f"cannot {package.intent} {package.execution_id!r}: it does not exist in this "
+            "worker's store",
+            execution_id=package.execution_id,
+        )
+    return state
+
+
+async def _settled(handle: ExecutionHandle[Any]) -> ExecutionResult:
+    return ExecutionResult.from_state(await handle.settled())

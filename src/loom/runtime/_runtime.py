@@ -6,6 +6,7 @@ import asyncio
 import logging
 import os
 from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass
 from types import MappingProxyType, TracebackType
 from typing import Any, TypeVar
 
@@ -68,7 +69,7 @@ from loom.runtime.timers import TimerService, WakeOutcome
 from loom.storage import ExecutionQuery, Store, Timer, TimerStore
 from loom.storage._common import validate_snapshot
 
-__all__ = ["ExecutionHandle", "WorkflowRuntime"]  # ExecutionHandle is re-exported here
+__all__ = ["ExecutionHandle", "Lease", "WorkflowRuntime"]  # ExecutionHandle is re-exported here
 
 log = logging.getLogger("loom.runtime")
 
@@ -223,6 +224,13 @@ class WorkflowRuntime:
         async for summary in ExecutionViews(self.store).all(query):
             yield summary
 
+    async def acquire_lease(self, execution_id: str) -> Lease:
+        """Take a new fence on ``execution_id``: a lease for commands that must take it over
+        (``recover(..., holder=lease)``). Every older holder is fenced out from here on."""
+        self._check_open()
+        _check_id(execution_id)
+        return Lease(execution_id, await self.store.acquire_fence(execution_id))
+
     def handle(self, execution_id: str) -> ExecutionHandle[Any]:
         """A handle on any execution in the store (started here or elsewhere)."""
         return ExecutionHandle(self, execution_id, self._drivers.get(execution_id))
@@ -235,7 +243,7 @@ class WorkflowRuntime:
         input: Any = None,
         *,
         execution_id: str | None = None,
-        fence: int | None = None,
+        holder: Lease | None = None,
         metadata: dict[str, Any] | None = None,
         flow_version: str | None = None,
     ) -> ExecutionHandle[OutputT]:
@@ -243,7 +251,8 @@ class WorkflowRuntime:
 
         Raises :class:`InvalidInputError` (nothing stored) for bad input,
         :class:`ExecutionAlreadyExistsError` if ``execution_id`` exists.
-        ``fence`` lets a worker runtime start under a fence it already holds.
+        ``holder`` starts under a lease the caller already holds (a worker's allocation);
+        without one, the start takes the first fence itself in the same write as sequence 0.
         """
         self._check_open()
         self._ensure_timers()
@@ -253,13 +262,16 @@ class WorkflowRuntime:
         # Time-ordered by default: new executions land at the right edge of the store's indexes
         # instead of dirtying a random page each (measured: random ids halve throughput once
         # the database outgrows its page cache).
+        if holder is not None:
+            execution_id = _held(holder, execution_id)
         execution_id = execution_id or new_envelope_id()
         _check_id(execution_id)
         encoded = resolved.encode_input(input, execution_id, limits=self.limits)
         started = [ExecutionStarted(resolved.id, resolved.version, encoded, metadata or {})]
         try:
-            driver = self._new_driver(ExecutionState(execution_id), fence or 0, last_snapshot=-1)
-            if fence is not None:
+            fence = holder.fence if holder is not None else 0
+            driver = self._new_driver(ExecutionState(execution_id), fence, last_snapshot=-1)
+            if holder is not None:
                 await driver.append(started)
             else:
                 # One atomic write takes the first fence and records sequence 0. An existing
@@ -294,7 +306,7 @@ class WorkflowRuntime:
         event_type: str,
         payload: Any = None,
         *,
-        fence: int | None = None,
+        holder: Lease | None = None,
     ) -> ExecutionHandle[Any]:
         """Deliver a gate's decision and continue the execution.
 
@@ -314,7 +326,7 @@ class WorkflowRuntime:
             if validator is not None:
                 normalized = validator(state, gate, normalized)
             resumed = ExecutionResumed(gate.position, event_type, normalized)
-            handle = await self._continue_with(state, snap_seq, fence, resumed, flow)
+            handle = await self._continue_with(state, snap_seq, holder, resumed, flow)
             if handle is not None:
                 return handle
             # another decision or holder moved first: look again
@@ -409,7 +421,9 @@ class WorkflowRuntime:
 
     # ------------------------------------------------------------------ recover / cancel
 
-    async def recover(self, execution_id: str, *, fence: int | None = None) -> ExecutionHandle[Any]:
+    async def recover(
+        self, execution_id: str, *, holder: Lease | None = None
+    ) -> ExecutionHandle[Any]:
         """Continue an execution left running by a dead process, from its newest snapshot.
 
         Completed steps are not re-run; only the interrupted one may run again. A suspended or
@@ -419,14 +433,16 @@ class WorkflowRuntime:
         self._check_open()
         self._ensure_timers()
         live = self._drivers.get(execution_id)
-        if fence is None and live is not None and not live.done.is_set():
+        if holder is not None:
+            _held(holder, execution_id)
+        elif live is not None and not live.done.is_set():
             # Already driven here: do not fence out our own live holder. A worker that passes
-            # a fence from allocate() means to take over, so it skips this.
+            # the lease from its allocate() means to take over, so it skips this.
             return ExecutionHandle(self, execution_id, live)
         state, snap_seq = await self._require(execution_id)
         if state.status not in (ExecutionStatus.RUNNING, ExecutionStatus.PENDING):
             return ExecutionHandle(self, execution_id, None)
-        handle = await self._recover_from(state, snap_seq, fence=fence)
+        handle = await self._recover_from(state, snap_seq, holder=holder)
         if handle is None:
             raise ExecutionSupersededError(
                 f"execution {execution_id!r} moved while it was being recovered: another "
@@ -440,7 +456,7 @@ class WorkflowRuntime:
         state: ExecutionState,
         snap_seq: int,
         *,
-        fence: int | None = None,
+        holder: Lease | None = None,
         from_fence: int | None = None,
     ) -> ExecutionHandle[Any] | None:
         """Append ``EXECUTION_RECOVERED`` after exactly ``state`` and drive the flow on.
@@ -457,7 +473,7 @@ class WorkflowRuntime:
         flow = self.get_flow(state.flow_id, state.flow_version)
         recovered = ExecutionRecovered(state.last_sequence, snap_seq)
         return await self._continue_with(
-            state, snap_seq, fence, recovered, flow, from_fence=from_fence
+            state, snap_seq, holder, recovered, flow, from_fence=from_fence
         )
 
     async def cancel(self, execution_id: str, reason: str | None = None) -> ExecutionState:
@@ -522,7 +538,7 @@ class WorkflowRuntime:
         self,
         state: ExecutionState,
         snap_seq: int,
-        fence: int | None,
+        holder: Lease | None,
         event: EventPayload,
         flow: Flow[Any, Any],
         *,
@@ -530,7 +546,7 @@ class WorkflowRuntime:
     ) -> ExecutionHandle[Any] | None:
         """Append ``event`` and drive the flow on from ``state``.
 
-        With a caller's ``fence`` (a worker's lease) the event is appended under it, and
+        With the caller's ``holder`` lease (a worker's) the event is appended under it, and
         losing it is a superseded refusal. Without one, the runtime takes over
         conditionally: the fence advances only if nobody moved since ``state`` was read, so
         a racer that loses never fences out the holder that won. None means another writer
@@ -538,8 +554,8 @@ class WorkflowRuntime:
         caller read before ``state`` (else the current one is read now).
         """
         eid = state.execution_id
-        if fence is not None:
-            driver = self._new_driver(state, fence, last_snapshot=snap_seq)
+        if holder is not None:
+            driver = self._new_driver(state, holder.fence, last_snapshot=snap_seq)
             try:
                 await driver.append([event])
             except StaleFenceError as exc:
@@ -590,7 +606,7 @@ class WorkflowRuntime:
         return outcome
 
     async def fire_timer(
-        self, execution_id: str, position: int, *, fence: int | None = None
+        self, execution_id: str, position: int, *, holder: Lease | None = None
     ) -> tuple[WakeOutcome, ExecutionHandle[Any] | None]:
         """End the timed wait at ``position`` if it is due and still open (a fenced wake).
 
@@ -615,7 +631,7 @@ class WorkflowRuntime:
                 return WakeOutcome.EARLY, None
             flow = self.get_flow(state.flow_id, state.flow_version)
             fired = TimerFired(position, timed_out=gate.event_type != TIMER_EVENT)
-            handle = await self._continue_with(state, snap_seq, fence, fired, flow)
+            handle = await self._continue_with(state, snap_seq, holder, fired, flow)
             if handle is not None:
                 return WakeOutcome.FIRED, handle
         return WakeOutcome.EARLY, None
@@ -757,6 +773,28 @@ class WorkflowRuntime:
 #: How often a conditional write is retried after losing to a concurrent writer before the
 #: caller is told the execution keeps changing (each retry re-reads the log first).
 _RETRIES = 8
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """A fence the caller holds on one execution (from :meth:`WorkflowRuntime.acquire_lease`
+    or a worker's allocation). A command given one appends under it, unconditionally; losing
+    it to a newer holder is a superseded refusal. Without one, a command takes the execution
+    over conditionally (only if nobody moved since it read the log)."""
+
+    execution_id: str
+    fence: int
+
+
+def _held(holder: Lease, execution_id: str | None) -> str:
+    if not isinstance(holder, Lease) or holder.fence < 1:
+        raise ConfigurationError(f"holder must be a Lease with a fence >= 1, not {holder!r}")
+    if execution_id is not None and execution_id != holder.execution_id:
+        raise ConfigurationError(
+            f"the lease is for execution {holder.execution_id!r}, not {execution_id!r}",
+            execution_id=execution_id,
+        )
+    return holder.execution_id
 
 
 def _check_id(execution_id: str) -> None:

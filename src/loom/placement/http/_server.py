@@ -25,7 +25,7 @@ from starlette.routing import Route
 
 from loom.errors import ExecutionNotFoundError, LoomError, PayloadError, WireFormatError
 from loom.placement._spi import is_superseded_refusal
-from loom.placement._wire import ExecutionPackage, ExecutionResult
+from loom.placement._wire import ExecutionPackage, ExecutionResult, Intent
 from loom.placement.http._auth import Authenticator, Principal
 from loom.placement.http._errors import AuthenticationError
 from loom.placement.http._protocol import (
@@ -325,9 +325,9 @@ class WorkerService:
         flow = self.runtime.get_flow(package.flow_id, package.flow_version)
         if await self.runtime.store.last_sequence(eid) >= 0:
             return
-        if package.resume_event is not None:
+        if package.intent is not Intent.START:
             raise ExecutionNotFoundError(
-                f"cannot resume {eid!r}: it does not exist in this worker's store",
+                f"cannot {package.intent} {eid!r}: it does not exist in this worker's store",
                 execution_id=eid,
             )
         flow.encode_input(package.input, eid, limits=self.runtime.limits)
