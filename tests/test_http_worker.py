@@ -305,7 +305,9 @@ def _bad_requests() -> list[Any]:
             id="invalid-input",
         ),
         pytest.param(
-            json.dumps({**good, "resume_event": {"event_type": "Go", "payload": {}}}),
+            json.dumps(
+                {**good, "intent": "resume", "resume_event": {"event_type": "Go", "payload": {}}}
+            ),
             {},
             404,
             "execution_not_found",
