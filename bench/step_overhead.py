@@ -11,7 +11,8 @@ and after it; the ratio of a repetition is Loom over the mean of its two bracket
 whose speed drifts during the run moves both alike. Medians over the repetitions are reported.
 
 **Loom.** Wall time of an N-step flow of trivial steps divided by N (each step is one durable
-commit: one STEP_COMPLETED record).
+commit: one STEP_COMPLETED record), and the CPU time of the process (every thread) per step: on
+a shared machine whose scheduler inflates wall times, the CPU column still compares two builds.
 
 **Gate, as a person uses it.** A flow runs a step, suspends on a gate, and after the decision
 runs one more step. The decision arrives ``--pause`` seconds after the suspension (a person
@@ -81,10 +82,15 @@ async def gate_flow(ctx: loom.WorkflowContext) -> Any:
     return decision
 
 
+#: CPU seconds (this process, every thread) of the last ``loom_us`` call.
+_cpu = [0.0]
+
+
 async def loom_us(runtime: loom.WorkflowRuntime, flow: loom.Flow[None, None], steps: int) -> float:
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     handle = await runtime.start(flow)
     await handle.result()
+    _cpu[0] = (time.process_time() - cpu) / steps * 1e6
     return (time.perf_counter() - start) / steps * 1e6
 
 
@@ -105,7 +111,7 @@ def _fmt(values: list[float]) -> str:
 
 async def main(steps: int, rounds: int, pause: float, gates: int) -> None:
     flow = make_flow(steps)
-    per_step: list[tuple[str, list[float], list[float], list[float]]] = []
+    per_step: list[tuple[str, list[float], list[float], list[float], list[float]]] = []
     gate_rows: list[tuple[str, float, list[float]]] = []
     with tempfile.TemporaryDirectory() as tmp:
         syncs: tuple[Literal["FULL", "NORMAL"], ...] = ("FULL", "NORMAL")
@@ -117,15 +123,16 @@ async def main(steps: int, rounds: int, pause: float, gates: int) -> None:
             floor = Floor(Path(tmp) / f"floor-{synchronous}.db", synchronous)
             floor.us_per_row(1000)  # reach the WAL's steady state first
             await loom_us(runtime, flow, steps)  # warm-up
-            floors, looms, ratios = [], [], []
+            floors, looms, ratios, cpus = [], [], [], []
             for _ in range(rounds):
                 before = floor.us_per_row(steps)
                 value = await loom_us(runtime, flow, steps)
+                cpus.append(_cpu[0])
                 after = floor.us_per_row(steps)
                 floors.append((before + after) / 2)
                 looms.append(value)
                 ratios.append(value / ((before + after) / 2))
-            per_step.append((synchronous, floors, looms, ratios))
+            per_step.append((synchronous, floors, looms, ratios, cpus))
             if synchronous == "FULL":
                 await gate_ms(runtime, 0)  # warm-up
                 for label, wait in (("immediate", 0.0), (f"after {pause:g} s", pause)):
@@ -138,12 +145,15 @@ async def main(steps: int, rounds: int, pause: float, gates: int) -> None:
         f"\nPer-step durable overhead, {steps}-step flow of trivial steps, {rounds} rounds, each "
         f"bracketed by the floor (median, min-max); load average {load[0]:.1f}"
     )
-    print(f"{'synchronous':<12} {'raw floor µs/row':>22} {'Loom µs/step':>22} {'Loom / floor':>22}")
-    for synchronous, floors, looms, ratios in per_step:
+    print(
+        f"{'synchronous':<12} {'raw floor µs/row':>22} {'Loom µs/step':>22} "
+        f"{'Loom / floor':>22} {'Loom CPU µs/step':>22}"
+    )
+    for synchronous, floors, looms, ratios, cpus in per_step:
         r = statistics.median(ratios)
         print(
             f"{synchronous:<12} {_fmt(floors):>22} {_fmt(looms):>22} "
-            f"{r:>8.2f}x ({min(ratios):.2f}-{max(ratios):.2f})"
+            f"{r:>8.2f}x ({min(ratios):.2f}-{max(ratios):.2f}) {_fmt(cpus):>22}"
         )
     print("Target: one durable commit per step and at most 1.2x the floor (synchronous=FULL).")
     print(

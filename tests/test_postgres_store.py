@@ -21,6 +21,7 @@ from loom.errors import (
     StorageWriteError,
 )
 from loom.storage import Snapshot, Store
+from loom.storage._postgres_commit import PostgresWriter
 from loom.storage.postgres import SCHEMA_VERSION, PostgresStore
 from loom.testing import STORE_CHECKS, run_store_check
 from loom.testing._store_conformance import env
@@ -285,18 +286,18 @@ async def test_lost_ack_after_a_durable_commit_is_resolved_as_success(
     store: PostgresStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """COMMIT reached the server but its answer was lost: the store checks, and acknowledges."""
-    original = PostgresStore._commit
+    original = PostgresWriter._commit
 
-    async def commit_then_lose(self: PostgresStore, conn: Any, batch: Any) -> bool:
+    async def commit_then_lose(self: PostgresWriter, conn: Any, batch: Any) -> bool:
         await conn.execute("COMMIT")
         await conn.close()
         return await self._resolve(batch, psycopg.OperationalError("answer to COMMIT lost"))
 
     ids = [f"acked-{i}" for i in range(4)]
     fences = await asyncio.gather(*(store.acquire_fence(i) for i in ids))
-    monkeypatch.setattr(PostgresStore, "_commit", commit_then_lose)
+    monkeypatch.setattr(PostgresWriter, "_commit", commit_then_lose)
     await asyncio.gather(*(store.append([env(i, 0, f)]) for i, f in zip(ids, fences, strict=True)))
-    monkeypatch.setattr(PostgresStore, "_commit", original)
+    monkeypatch.setattr(PostgresWriter, "_commit", original)
     for i in ids:
         assert await store.last_sequence(i) == 0
 
@@ -304,14 +305,14 @@ async def test_lost_ack_after_a_durable_commit_is_resolved_as_success(
 async def test_lost_commit_is_resolved_as_nothing_written(
     store: PostgresStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    async def rollback_then_lose(self: PostgresStore, conn: Any, batch: Any) -> bool:
+    async def rollback_then_lose(self: PostgresWriter, conn: Any, batch: Any) -> bool:
         await conn.execute("ROLLBACK")
         await conn.close()
         return await self._resolve(batch, psycopg.OperationalError("connection lost"))
 
     ids = [f"lost-{i}" for i in range(4)]
     fences = await asyncio.gather(*(store.acquire_fence(i) for i in ids))
-    monkeypatch.setattr(PostgresStore, "_commit", rollback_then_lose)
+    monkeypatch.setattr(PostgresWriter, "_commit", rollback_then_lose)
     results = await asyncio.gather(
         *(store.append([env(i, 0, f)]) for i, f in zip(ids, fences, strict=True)),
         return_exceptions=True,

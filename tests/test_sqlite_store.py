@@ -139,3 +139,108 @@ async def test_a_newer_schema_is_refused(tmp_path: Path) -> None:
 
 async def _close(store: SQLiteStore) -> None:
     await store.close()
+
+
+async def test_a_write_waiting_for_another_process_lock_does_not_block_the_loop(
+    tmp_path: Path,
+) -> None:
+    """BEGIN IMMEDIATE waits up to busy_timeout for another writer's lock: on the writer
+    thread, so the event loop keeps serving other work meanwhile."""
+    path = tmp_path / "contended.db"
+    store = SQLiteStore(path, busy_timeout=5.0)
+    fence = await store.acquire_fence("c")
+    rival = sqlite3.connect(path, isolation_level=None)  # another writer holds the write lock
+    rival.execute("BEGIN IMMEDIATE")
+    try:
+        append = asyncio.ensure_future(store.append([env("c", 0, fence)]))
+        ticked = asyncio.Event()
+        asyncio.get_running_loop().call_later(0.05, ticked.set)
+        # Only a loop that is free while the append waits can run the timer callback.
+        await asyncio.wait_for(ticked.wait(), timeout=2.0)
+        assert not append.done(), "the append cannot have committed under the rival's lock"
+    finally:
+        rival.execute("ROLLBACK")
+        rival.close()
+    await append
+    assert await store.last_sequence("c") == 0
+    await store.close()
+
+
+@pytest.fixture
+def flows() -> Any:
+    import loom
+
+    @loom.step(id="tick")
+    async def tick(i: int) -> int:
+        return i
+
+    @loom.flow(id="ticks")
+    async def ticks(ctx: loom.WorkflowContext, n: int) -> int:
+        for i in range(n):
+            await ctx.run(tick, i)
+        decision = await ctx.suspend("go")
+        await ctx.run(tick, n)
+        return int(decision["n"])
+
+    return ticks
+
+
+async def test_a_step_writes_one_row_and_never_the_head(tmp_path: Path, flows: Any) -> None:
+    """One B-tree write per step: a step's append inserts its event and nothing else."""
+    import loom
+
+    path = tmp_path / "lean.db"
+    store = SQLiteStore(path)
+    watch = sqlite3.connect(path)
+    watch.executescript(
+        "CREATE TABLE head_moves (n INTEGER);"
+        "CREATE TRIGGER count_head_moves AFTER UPDATE ON loom_heads "
+        "BEGIN INSERT INTO head_moves VALUES (1); END;"
+    )
+    runtime = loom.WorkflowRuntime(store)
+    runtime.register(flows)
+    handle = await runtime.start(flows, 20, execution_id="lean")
+    await handle.wait_for_suspend()
+    moves = watch.execute("SELECT count(*) FROM head_moves").fetchone()[0]
+    assert moves <= 1, f"{moves} head updates for a start and 20 steps"
+    resumed = await runtime.resume("lean", "go", {"n": 7})
+    assert await resumed.result() == 7
+    assert await store.last_sequence("lean") == len(await store.read("lean")) - 1
+    await runtime.close()
+    watch.close()
+
+
+async def test_a_version_4_file_migrates_in_place_and_its_executions_go_on(
+    tmp_path: Path, flows: Any
+) -> None:
+    """Schema 5 only stops moving the head per step: a file written by version 4 (head exact)
+    climbs the ladder in place, and its executions resume and append where they were."""
+    import loom
+    from loom.storage._schema import SCHEMA_VERSION
+
+    path = tmp_path / "v4.db"
+    runtime = loom.WorkflowRuntime(SQLiteStore(path))
+    runtime.register(flows)
+    await (await runtime.start(flows, 5, execution_id="old")).wait_for_suspend()
+    await runtime.close()
+    conn = sqlite3.connect(path)  # exactly what version 4 wrote: the head tracks the tail
+    conn.execute(
+        "UPDATE loom_heads SET next_sequence = (SELECT max(sequence) + 1 FROM loom_events "
+        "WHERE loom_events.execution_id = loom_heads.execution_id)"
+    )
+    conn.execute("UPDATE loom_meta SET value = '4' WHERE key = 'schema_version'")
+    conn.commit()
+    tail = conn.execute("SELECT max(sequence) FROM loom_events").fetchone()[0]
+
+    store = SQLiteStore(path)
+    assert conn.execute("SELECT value FROM loom_meta").fetchone() == (str(SCHEMA_VERSION),)
+    assert await store.last_sequence("old") == tail
+    runtime = loom.WorkflowRuntime(store)
+    runtime.register(flows)
+    resumed = await runtime.resume("old", "go", {"n": 3})
+    assert await resumed.result() == 3
+    log = await store.read("old")
+    assert [e.sequence for e in log] == list(range(len(log)))
+    assert len(log) > tail + 1
+    await runtime.close()
+    conn.close()

@@ -1,4 +1,4 @@
-"""PostgresStore's write path: group commit in pipeline mode.
+"""PostgresStore's write path: batches of the shared group-commit engine, run in pipeline mode.
 
 * Writes (append, take-over, fence, snapshot, timer) queued by concurrent tasks are coalesced
   into one transaction, sent in pipeline mode (one round trip for the whole batch). An event
@@ -21,7 +21,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -31,10 +31,11 @@ from psycopg_pool import AsyncConnectionPool
 
 from loom import faults
 from loom.errors import DuplicateEnvelopeIdError, LoomError, StorageWriteError
+from loom.storage._batching import GroupCommit, WriteRequest
 from loom.storage._common import Waiters, refusal_for, take_over_refusal
-from loom.storage._postgres_sql import Conn
+from loom.storage._postgres_sql import Conn, Statements
 
-__all__ = ["GroupCommit", "WriteKind", "WriteRequest"]
+__all__ = ["PostgresWrite", "PostgresWriter", "WriteKind"]
 
 WriteKind = Literal["append", "take_over", "fence", "snapshot", "timer", "blob"]
 
@@ -42,39 +43,27 @@ WriteKind = Literal["append", "take_over", "fence", "snapshot", "timer", "blob"]
 _EVENT_WRITES = ("append", "take_over")
 
 
-@dataclass(eq=False)
-class WriteRequest:
-    """One caller's write, answered on the caller's future."""
+@dataclass(eq=False, kw_only=True)
+class PostgresWrite(WriteRequest):
+    """One caller's write: one statement (its parameters) and what proves or refuses it."""
 
     kind: WriteKind
     execution_id: str
     sql: str
     params: Any
-    future: asyncio.Future[Any]
     first: int = 0
     #: The envelopes' fence for an append; the fence taken over *from* for a take-over.
     fence: int = 0
     count: int = 0
     #: (envelope_id, sequence, checksum) of the first envelope: proves an append landed.
     probe: tuple[str, int, str] | None = None
-    result: Any = None
-    error: BaseException | None = None
-
-
-def _answer(req: WriteRequest) -> None:
-    if req.future.done():  # the caller gave up (cancelled); nothing to tell it
-        return
-    if req.error is not None:
-        req.future.set_exception(req.error)
-    else:
-        req.future.set_result(req.result)
 
 
 def _lost(conn: Conn) -> bool:
     return conn.closed or conn.broken
 
 
-def _refusal(req: WriteRequest, current_fence: int, next_sequence: int) -> LoomError | None:
+def _refusal(req: PostgresWrite, current_fence: int, next_sequence: int) -> LoomError | None:
     """The refusal (if any) of an event write onto the head (``current_fence``,
     ``next_sequence``)."""
     if req.kind == "take_over":
@@ -84,111 +73,63 @@ def _refusal(req: WriteRequest, current_fence: int, next_sequence: int) -> LoomE
     return refusal_for(req.execution_id, req.first, req.fence, current_fence, next_sequence)
 
 
-class GroupCommit:
-    """The write half of :class:`~loom.storage.postgres.PostgresStore` (its base class).
+class PostgresWriter:
+    """The write half of :class:`~loom.storage.postgres.PostgresStore`, owned by it.
 
-    :meth:`_submit` commits one :class:`WriteRequest`, coalesced with every write queued
-    meanwhile, and answers it with the request's result or error. The store provides the pool,
-    the statements and its settings (declared below).
+    :meth:`submit` commits one :class:`PostgresWrite` through the shared group-commit engine
+    (``_batching``), which hands this writer batches to run on one pooled connection each.
     """
 
-    dsn: str
-    schema: str
-    group_commit: bool
-    max_batch: int
-    max_inflight_batches: int
-    resolve_timeout: float
-    _sql: dict[str, str]
-    _pool: AsyncConnectionPool[Conn] | None
-    _closed: bool
-    _pending: list[WriteRequest]
-    _collecting: bool
-    _inflight: int
-    _tasks: set[asyncio.Task[Any]]
-    _check_task: asyncio.Task[None] | None
-    _waiters: Waiters
+    def __init__(
+        self,
+        *,
+        dsn: str,
+        schema: str,
+        sql: Statements,
+        pool: Callable[[], AsyncConnectionPool[Conn] | None],
+        closed: Callable[[], bool],
+        waiters: Waiters,
+        where: str,
+        group_commit: bool,
+        max_batch: int,
+        max_inflight: int,
+        resolve_timeout: float,
+    ) -> None:
+        self.dsn = dsn
+        self.schema = schema
+        self.resolve_timeout = resolve_timeout
+        self._sql = sql
+        self._pool = pool
+        self._closed = closed
+        self._waiters = waiters
+        self._check_task: asyncio.Task[None] | None = None
+        self.engine: GroupCommit[PostgresWrite] = GroupCommit(
+            self._run_batch,
+            coalesce=group_commit,
+            max_batch=max_batch,
+            max_inflight=max_inflight,
+            where=f"PostgreSQL store ({where})",
+        )
 
-    async def _ensure_open(self) -> AsyncConnectionPool[Conn]:
-        raise NotImplementedError
+    async def submit(self, req: PostgresWrite) -> Any:
+        """Commit ``req``, coalesced with the writes queued meanwhile; return its result."""
+        return await self.engine.submit(req)
 
-    def _where(self) -> str:
-        raise NotImplementedError
-
-    async def _submit(self, req: WriteRequest) -> Any:
-        """Commit one write, coalesced with every write queued meanwhile.
-
-        The first writer to find no batch collecting leads: it yields once so that every task
-        that is ready now can queue behind it (as ``SQLiteStore`` does), then takes the queue. A
-        lone write commits right there, in the caller's task (no hop). A shared batch runs in a
-        task of its own, so that a cancelled caller never strands the others; when it finishes it
-        takes whatever queued meanwhile. At most ``max_inflight_batches`` batches run at once.
-        """
-        await self._ensure_open()
-        self._pending.append(req)
-        if self._collecting or self._inflight >= self.max_inflight_batches:
-            return await req.future  # a batch that is collecting, or the next free one, takes it
-        self._collecting = True
-        self._inflight += 1
-        if self.group_commit:
+    async def close(self) -> None:
+        """Let the batches in flight finish, refuse what is still queued, stop the pool check."""
+        await self.engine.drain()
+        self.engine.fail_pending(
+            lambda: StorageWriteError(f"the PostgreSQL store ({self.schema}) was closed")
+        )
+        task = self._check_task
+        if task is not None and not task.done():
+            task.cancel()
             try:
-                await asyncio.sleep(0)
-            except BaseException:  # cancelled while collecting: hand the others to a batch task
-                self._collecting = False
-                self._inflight -= 1
-                if req in self._pending:
-                    self._pending.remove(req)
-                self._maybe_start_batch_task()
-                raise
-        batch = self._take_batch()
-        if batch != [req]:
-            self._spawn(self._flush(batch))
-            return await req.future
-        try:
-            await self._run_batch(batch)
-        except BaseException:
-            if req.future.done() and not req.future.cancelled():
-                req.future.exception()  # retrieved: the caller gets the interruption instead
-            raise
-        finally:
-            self._inflight -= 1
-            self._maybe_start_batch_task()
-        return req.future.result()
+                await task
+            except (asyncio.CancelledError, psycopg.Error):
+                pass
 
-    def _take_batch(self) -> list[WriteRequest]:
-        batch = self._pending[: self.max_batch]
-        del self._pending[: self.max_batch]
-        self._collecting = False
-        self._maybe_start_batch_task()  # what is left beyond max_batch
-        return batch
-
-    def _maybe_start_batch_task(self) -> None:
-        if self._pending and not self._collecting and self._inflight < self.max_inflight_batches:
-            self._collecting = True
-            self._inflight += 1
-            self._spawn(self._flush(None))
-
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _flush(self, batch: list[WriteRequest] | None) -> None:
-        """Run ``batch`` (or take one: this task was started while writers queued), then keep
-        taking what queued meanwhile, as long as no other batch is collecting it."""
-        try:
-            while True:
-                if batch is None:
-                    batch = self._take_batch()
-                if batch:
-                    await self._run_batch(batch)
-                if not self._pending or self._collecting:
-                    return
-                self._collecting = True
-                batch = None
-        finally:
-            self._inflight -= 1
-
-    async def _run_batch(self, batch: list[WriteRequest]) -> None:
+    async def _run_batch(self, batch: list[PostgresWrite]) -> None:
         # Requests of different executions are independent, so they may run in any order; one
         # global order (by id, stable for one execution's requests) means batches of several
         # processes lock heads rows in the same order and cannot deadlock each other. An
@@ -198,9 +139,9 @@ class GroupCommit:
         try:
             try:
                 faults.hit("before_append")
-                pool = self._pool
+                pool = self._pool()
                 if pool is None:
-                    raise StorageWriteError(f"the PostgreSQL store ({self._where()}) is closed")
+                    raise StorageWriteError(f"the PostgreSQL store ({self.schema}) is closed")
                 async with pool.connection() as conn:
                     if len(batch) == 1:
                         committed = await self._run_single(conn, batch[0])
@@ -208,7 +149,7 @@ class GroupCommit:
                         committed = await self._run_many(conn, batch)
             except Exception as exc:
                 # Nothing of this batch was committed (commit failures are resolved inside).
-                self._check_pool()
+                self.check_pool()
                 self._fail_all(batch, self._write_error("the write transaction failed", exc))
                 return
             if committed:
@@ -225,13 +166,11 @@ class GroupCommit:
             self._fail_all(batch, self._write_error("the write was interrupted", exc))
             raise
         finally:
-            for req in batch:
-                _answer(req)
             notify = [r.execution_id for r in batch if r.kind in _EVENT_WRITES and r.error is None]
             if notify:
                 self._waiters.notify(notify)
 
-    async def _run_single(self, conn: Conn, req: WriteRequest) -> bool:
+    async def _run_single(self, conn: Conn, req: PostgresWrite) -> bool:
         # A lone write is one autocommit statement: the statement and its COMMIT are one round
         # trip, so ``before_commit`` is crossed just before it (a crash there, as at any point
         # before COMMIT, leaves nothing written).
@@ -248,7 +187,7 @@ class GroupCommit:
             await self._reread_head(conn, req)
         return req.error is None
 
-    async def _run_many(self, conn: Conn, batch: list[WriteRequest]) -> bool:
+    async def _run_many(self, conn: Conn, batch: list[PostgresWrite]) -> bool:
         try:
             async with conn.pipeline() as pipeline:
                 await conn.execute("BEGIN")
@@ -271,7 +210,7 @@ class GroupCommit:
                 await self._reread_head(conn, req)
         return await self._commit(conn, batch)
 
-    async def _run_savepoints(self, conn: Conn, batch: list[WriteRequest]) -> bool:
+    async def _run_savepoints(self, conn: Conn, batch: list[PostgresWrite]) -> bool:
         await conn.execute("BEGIN")
         for req in batch:
             req.error = None
@@ -290,7 +229,7 @@ class GroupCommit:
             await conn.execute("RELEASE SAVEPOINT loom_request")
         return await self._commit(conn, batch)
 
-    async def _commit(self, conn: Conn, batch: list[WriteRequest]) -> bool:
+    async def _commit(self, conn: Conn, batch: list[PostgresWrite]) -> bool:
         """COMMIT the batch; True if it is durable (False: every request was refused)."""
         if all(r.error is not None for r in batch):
             await conn.execute("ROLLBACK")
@@ -305,7 +244,7 @@ class GroupCommit:
             raise  # the server refused the COMMIT: it rolled back, nothing is written
         return True
 
-    def _settle(self, req: WriteRequest, row: tuple[Any, ...] | None) -> bool:
+    def _settle(self, req: PostgresWrite, row: tuple[Any, ...] | None) -> bool:
         """Turn a statement's row into the request's result or refusal.
 
         Returns True when the head the statement saw does not explain the refusal (a concurrent
@@ -328,8 +267,8 @@ class GroupCommit:
         req.error = _refusal(req, head_fence or 0, head_next or 0)
         return req.error is None
 
-    async def _reread_head(self, conn: Conn, req: WriteRequest) -> None:
-        cur = await conn.execute(self._sql["head"], (req.execution_id,))
+    async def _reread_head(self, conn: Conn, req: PostgresWrite) -> None:
+        cur = await conn.execute(self._sql.head, (req.execution_id,))
         head = await cur.fetchone()
         current_fence, next_sequence = head if head is not None else (0, 0)
         req.error = _refusal(req, current_fence, next_sequence)
@@ -344,7 +283,7 @@ class GroupCommit:
                 hint="Append one batch at a time per execution",
             )
 
-    def _statement_error(self, req: WriteRequest, exc: psycopg.Error) -> LoomError:
+    def _statement_error(self, req: PostgresWrite, exc: psycopg.Error) -> LoomError:
         if isinstance(exc, psycopg.errors.UniqueViolation) and req.kind in _EVENT_WRITES:
             err: LoomError = DuplicateEnvelopeIdError(
                 f"an envelope id of this batch is already stored ({exc.diag.message_detail})",
@@ -358,14 +297,14 @@ class GroupCommit:
         err.__cause__ = exc
         return err
 
-    async def _resolve(self, batch: list[WriteRequest], exc: psycopg.Error) -> bool:
+    async def _resolve(self, batch: list[PostgresWrite], exc: psycopg.Error) -> bool:
         """The connection died while committing: find out whether the batch landed.
 
         The batch is atomic, so one envelope of one append in it answers for all of it. The
         check first takes a share lock on that execution's head row, which waits until the
         dead session's transaction (holding the row) is really gone, committed or not.
         """
-        self._check_pool()
+        self.check_pool()
         probe = next((r for r in batch if r.kind in _EVENT_WRITES and r.error is None), None)
         landed = None if probe is None else await self._probe(probe)
         if landed:
@@ -384,7 +323,7 @@ class GroupCommit:
         self._fail_all(batch, err)
         return False
 
-    async def _probe(self, req: WriteRequest) -> bool | None:
+    async def _probe(self, req: PostgresWrite) -> bool | None:
         assert req.probe is not None
         envelope_id, sequence, checksum = req.probe
         loop = asyncio.get_running_loop()
@@ -400,9 +339,9 @@ class GroupCommit:
                     await conn.execute(
                         f"SET LOCAL lock_timeout = '{max(1, int(remaining * 1000))}ms'"
                     )
-                    await conn.execute(self._sql["probe_lock"], (req.execution_id,))
+                    await conn.execute(self._sql.probe_lock, (req.execution_id,))
                     cur = await conn.execute(
-                        self._sql["probe"], (envelope_id, req.execution_id, sequence, checksum)
+                        self._sql.probe, (envelope_id, req.execution_id, sequence, checksum)
                     )
                     return await cur.fetchone() is not None
             except psycopg.Error:
@@ -411,13 +350,13 @@ class GroupCommit:
             await asyncio.sleep(delay)  # the server may be restarting: back off and ask again
             delay = min(delay * 2, 1.0)
 
-    def _check_pool(self) -> asyncio.Task[None] | None:
+    def check_pool(self) -> asyncio.Task[None] | None:
         """Have the pool test its idle connections and replace the dead ones, in the background.
 
         After a lost connection the others are probably dead too (a server restart or a
         terminated session kills them all, and the pool only learns it when one is used)."""
-        pool = self._pool
-        if pool is None or self._closed:
+        pool = self._pool()
+        if pool is None or self._closed():
             return None
         if self._check_task is None or self._check_task.done():
             self._check_task = asyncio.get_running_loop().create_task(self._run_pool_check(pool))
@@ -437,14 +376,7 @@ class GroupCommit:
         err.__cause__ = exc
         return err
 
-    def _fail_pending(self) -> None:
-        """Refuse every queued write that no batch took (the store is closing)."""
-        for req in self._pending:
-            req.error = StorageWriteError(f"the PostgreSQL store ({self.schema}) was closed")
-            _answer(req)
-        self._pending.clear()
-
-    def _fail_all(self, batch: list[WriteRequest], error: StorageWriteError) -> None:
+    def _fail_all(self, batch: list[PostgresWrite], error: StorageWriteError) -> None:
         for req in batch:
             req.error = error
             req.result = None

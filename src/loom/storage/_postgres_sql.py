@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, Literal
 
 import psycopg
 
@@ -26,6 +28,9 @@ __all__ = [
     "SCHEMA_NAME",
     "SCHEMA_VERSION",
     "Conn",
+    "EventWriteKind",
+    "IndexWrite",
+    "Statements",
     "check_schema",
     "cursor_lock_key",
     "migrate",
@@ -112,6 +117,9 @@ MIGRATIONS: dict[int, tuple[Step, ...]] = {
         ' hash text COLLATE "C" NOT NULL, data bytea NOT NULL,'
         " CONSTRAINT blobs_pkey PRIMARY KEY (namespace, hash))",
     ),
+    # One B-tree write per step is SQLite's (see loom.storage._schema); PostgreSQL's appends
+    # still move the head row, whose lock is what orders them against a fence change.
+    5: (),
 }
 
 # One statement per append or take-over. The INSERT reads from the head write's RETURNING, so a
@@ -261,7 +269,45 @@ _TIMER_CANCEL = (
 MAX_NOTE_BYTES = 4000
 
 
-def statements(schema: str, *, notify: bool) -> dict[str, str]:
+EventWriteKind = Literal["append", "take_over", "create"]
+#: Which index row an event write also writes: none, a start's, a later change's, or a mark.
+IndexWrite = Literal["", "start", "change", "mark"]
+
+
+@dataclass(frozen=True, slots=True)
+class Statements:
+    """Every statement of one store, with its schema name filled in."""
+
+    #: The one statement of each event write, by (kind, one envelope?, index row).
+    event_writes: Mapping[tuple[EventWriteKind, bool, IndexWrite], str]
+    fence: str
+    snapshot: str
+    blob_put: str
+    blob_get: str
+    head: str
+    read: str
+    probe: str
+    probe_lock: str
+    last: str
+    current_fence: str
+    snapshot_load: str
+    ids_first: str
+    ids_after: str
+    timer_schedule: str
+    timer_claim: str
+    timer_complete: str
+    timer_cancel: str
+    timer_next: str
+    summary: str
+    changes: str
+    last_cursor: str
+
+    def events(self, kind: EventWriteKind, *, one: bool, index: IndexWrite = "") -> str:
+        """The one statement that writes an append, a take-over or a creation."""
+        return self.event_writes[(kind, one, index)]
+
+
+def statements(schema: str, *, notify: bool) -> Statements:
     """Every statement of a store, with its schema name filled in."""
     s = f'"{schema}"'
     note = _NOTIFY if notify else "0"
@@ -274,59 +320,64 @@ def statements(schema: str, *, notify: bool) -> dict[str, str]:
                 notes = f"{note} + {_NOTIFY_FEED}"
         return _APPEND.format(moved=moved, rows=rows, notify=notes, index=index).format(s=s)
 
-    writes = {}
-    for kind, moved in (
+    moves: tuple[tuple[EventWriteKind, str], ...] = (
         ("append", _MOVE_APPEND),
         ("take_over", _MOVE_TAKE_OVER),
         ("create", _MOVE_CREATE),
-    ):
-        for size, rows in (("one", _ONE_ROW), ("many", _MANY_ROWS)):
-            writes[f"{kind}_{size}"] = write(moved, rows)
-            writes[f"{kind}_{size}_start"] = write(moved, rows, _INDEX_START_SET)
-            writes[f"{kind}_{size}_change"] = write(moved, rows, _INDEX_CHANGE_SET)
-            writes[f"{kind}_{size}_mark"] = write(moved, rows, _INDEX_MARK_SET)
-
-    return {
-        **writes,
-        "fence": _FENCE.format(s=s),
-        "snapshot": _SNAPSHOT.format(s=s),
-        "blob_put": (
+    )
+    indexes: tuple[tuple[IndexWrite, str], ...] = (
+        ("", ""),
+        ("start", _INDEX_START_SET),
+        ("change", _INDEX_CHANGE_SET),
+        ("mark", _INDEX_MARK_SET),
+    )
+    writes = {
+        (kind, one, index): write(moved, _ONE_ROW if one else _MANY_ROWS, update)
+        for kind, moved in moves
+        for one in (True, False)
+        for index, update in indexes
+    }
+    return Statements(
+        event_writes=MappingProxyType(writes),
+        fence=_FENCE.format(s=s),
+        snapshot=_SNAPSHOT.format(s=s),
+        blob_put=(
             f"INSERT INTO {s}.blobs (namespace, hash, data) SELECT %s, r.h, r.d "
             "FROM unnest(%s::text[], %s::bytea[]) AS r(h, d) "
             "ON CONFLICT (namespace, hash) DO NOTHING RETURNING 1"
         ),
-        "blob_get": (
+        blob_get=(
             f"SELECT hash, data FROM {s}.blobs WHERE namespace = %s AND hash = ANY(%s::text[])"
         ),
-        "head": _HEAD.format(s=s),
-        "read": _READ.format(s=s),
-        "probe": _PROBE.format(s=s),
-        "probe_lock": f"SELECT 1 FROM {s}.heads WHERE execution_id = %s FOR SHARE",
-        "last": f"SELECT next_sequence FROM {s}.heads WHERE execution_id = %s",
-        "current_fence": f"SELECT fence FROM {s}.heads WHERE execution_id = %s",
-        "snapshot_load": (
+        head=_HEAD.format(s=s),
+        read=_READ.format(s=s),
+        probe=_PROBE.format(s=s),
+        probe_lock=f"SELECT 1 FROM {s}.heads WHERE execution_id = %s FOR SHARE",
+        last=f"SELECT next_sequence FROM {s}.heads WHERE execution_id = %s",
+        current_fence=f"SELECT fence FROM {s}.heads WHERE execution_id = %s",
+        snapshot_load=(
             f"SELECT sequence, state, checksum FROM {s}.snapshots WHERE execution_id = %s"
         ),
-        "ids_first": (
+        ids_first=(
             f"SELECT execution_id FROM {s}.heads WHERE next_sequence > 0 "
             "ORDER BY execution_id LIMIT %s"
         ),
-        "ids_after": (
+        ids_after=(
             f"SELECT execution_id FROM {s}.heads WHERE next_sequence > 0 "
             "AND execution_id > %s ORDER BY execution_id LIMIT %s"
         ),
-        "timer_schedule": _TIMER_SCHEDULE.format(s=s),
-        "timer_claim": _TIMER_CLAIM.format(s=s),
-        "timer_complete": _TIMER_COMPLETE.format(s=s),
-        "timer_cancel": _TIMER_CANCEL.format(s=s),
-        "timer_next": f"SELECT min(fire_at) FROM {s}.timers WHERE starts_with(execution_id, %s)",
-        "summary": f"SELECT {SUMMARY_COLUMNS} FROM {s}.executions WHERE execution_id = %s",
-        "changes": (
+        timer_schedule=_TIMER_SCHEDULE.format(s=s),
+        timer_claim=_TIMER_CLAIM.format(s=s),
+        timer_complete=_TIMER_COMPLETE.format(s=s),
+        timer_cancel=_TIMER_CANCEL.format(s=s),
+        timer_next=f"SELECT min(fire_at) FROM {s}.timers WHERE starts_with(execution_id, %s)",
+        summary=f"SELECT {SUMMARY_COLUMNS} FROM {s}.executions WHERE execution_id = %s",
+        changes=(
             f"SELECT {SUMMARY_COLUMNS} FROM {s}.executions WHERE cursor > %s "
             "AND starts_with(execution_id, %s) ORDER BY cursor LIMIT %s"
         ),
-        "last_cursor": f"SELECT coalesce(max(cursor), 0) FROM {s}.executions",
-    }
+        last_cursor=f"SELECT coalesce(max(cursor), 0) FROM {s}.executions",
+    )
 
 
 def cursor_lock_key(schema: str) -> int:

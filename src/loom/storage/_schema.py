@@ -12,10 +12,14 @@ bump here; a rung that does not apply to one dialect is an empty tuple there.
 3. the execution index (``executions``: one summary row per execution, a global change cursor),
    back-filled from the existing logs.
 4. content-addressed blobs (``blobs``: the BlobStore side, where agents keep messages).
+5. one B-tree write per step (no DDL): an append reads the fence and the log's tail inside its
+   write transaction and no longer moves ``heads.next_sequence`` (it moves only on a start, a
+   take-over or a fence change; SQLite). The bump keeps an older Loom, which trusts
+   ``next_sequence`` as the tail, away from a file written this way.
 """
 
 from __future__ import annotations
 
 __all__ = ["SCHEMA_VERSION"]
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5

@@ -78,7 +78,7 @@ _V4: tuple[Step, ...] = (
 )
 
 #: Steps that take a database from version N-1 to N.
-MIGRATIONS: dict[int, tuple[Step, ...]] = {1: _V1, 2: (), 3: _V3, 4: _V4}
+MIGRATIONS: dict[int, tuple[Step, ...]] = {1: _V1, 2: (), 3: _V3, 4: _V4, 5: ()}
 
 
 def _tables(conn: sqlite3.Connection) -> set[str]:

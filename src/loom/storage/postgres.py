@@ -65,13 +65,15 @@ from loom.storage._index import (
     summary_from_row,
     where_clause,
 )
-from loom.storage._postgres_commit import GroupCommit, WriteKind, WriteRequest
+from loom.storage._postgres_commit import PostgresWrite, PostgresWriter, WriteKind
 from loom.storage._postgres_listen import NotifyListener
 from loom.storage._postgres_sql import (
     MAX_NOTE_BYTES,
     SCHEMA_NAME,
     SCHEMA_VERSION,
     Conn,
+    EventWriteKind,
+    IndexWrite,
     check_schema,
     cursor_lock_key,
     migrate,
@@ -103,7 +105,7 @@ def _storable_text(value: str) -> bool:
     return True
 
 
-class PostgresStore(GroupCommit):
+class PostgresStore:
     """The event, snapshot, fence and timer store over PostgreSQL (psycopg 3, an asyncio pool).
 
     The constructor only records settings; the pool opens (and the schema is created or
@@ -172,12 +174,20 @@ class PostgresStore(GroupCommit):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._open_lock = asyncio.Lock()
         self._closed = False
-        self._pending: list[WriteRequest] = []
-        self._collecting = False
-        self._inflight = 0
-        self._tasks: set[asyncio.Task[Any]] = set()
-        self._check_task: asyncio.Task[None] | None = None
         self._waiters = Waiters()
+        self._writer = PostgresWriter(
+            dsn=dsn,
+            schema=schema,
+            sql=self._sql,
+            pool=lambda: self._pool,
+            closed=lambda: self._closed,
+            waiters=self._waiters,
+            where=self._where(),
+            group_commit=group_commit,
+            max_batch=self.max_batch,
+            max_inflight=self.max_inflight_batches,
+            resolve_timeout=resolve_timeout,
+        )
         self._waiting: Counter[str] = Counter()
         self._listener = NotifyListener(
             dsn,
@@ -293,7 +303,7 @@ class PostgresStore(GroupCommit):
             except psycopg.OperationalError as exc:
                 # Reads are idempotent: once the pool has replaced the connections that died
                 # while idle (server restart, terminated sessions), one retry hides the loss.
-                check = self._check_pool()
+                check = self._writer.check_pool()
                 if attempt == 2 or isinstance(exc, PoolTimeout | psycopg.errors.QueryCanceled):
                     raise StorageError(
                         f"PostgreSQL store ({self.schema}): read failed: {exc}"
@@ -325,7 +335,7 @@ class PostgresStore(GroupCommit):
     async def _write_events(
         self, kind: WriteKind, envelopes: Sequence[Envelope], first: int, fence: int
     ) -> None:
-        """Queue one event write (``fence``: see :attr:`WriteRequest.fence`) and await it."""
+        """Queue one event write (``fence``: see :attr:`PostgresWrite.fence`) and await it."""
         self._writable()
         execution_id = envelopes[0].execution_id
         _storable(execution_id, "execution id")
@@ -342,16 +352,15 @@ class PostgresStore(GroupCommit):
             "channel": self._channel,
             "note": note,
         }
+        statement: EventWriteKind = "append"
         if kind == "take_over":
             params["from"] = fence
             statement = "create" if fence == 0 else "take_over"
-        else:
-            statement = "append"
         change = summary_change(envelopes)
-        index = ""
+        index: IndexWrite = ""
         if change is not None:
             summary = change.apply(None)
-            index = "_start" if change.started else "_mark" if change.status is None else "_change"
+            index = "start" if change.started else "mark" if change.status is None else "change"
             params.update(
                 lock=self._cursor_lock,
                 feed=FEED_KEY,
@@ -373,7 +382,7 @@ class PostgresStore(GroupCommit):
                 id=e.envelope_id, type=str(e.type), payload=e.payload_json, at=e.recorded_at
             )
             params["sum"] = sums[0]
-            sql = self._sql[f"{statement}_one{index}"]
+            sql = self._sql.events(statement, one=True, index=index)
         else:
             params.update(
                 seqs=[e.sequence for e in envelopes],
@@ -383,13 +392,13 @@ class PostgresStore(GroupCommit):
                 ats=[e.recorded_at for e in envelopes],
                 sums=sums,
             )
-            sql = self._sql[f"{statement}_many{index}"]
-        req = WriteRequest(
-            kind,
-            execution_id,
-            sql,
-            params,
-            asyncio.get_running_loop().create_future(),
+            sql = self._sql.events(statement, one=False, index=index)
+        req = PostgresWrite(
+            kind=kind,
+            execution_id=execution_id,
+            sql=sql,
+            params=params,
+            future=asyncio.get_running_loop().create_future(),
             first=first,
             fence=fence,
             count=len(envelopes),
@@ -404,9 +413,9 @@ class PostgresStore(GroupCommit):
         if "\x00" in execution_id:
             return []  # nothing can be stored under it
         if limit is None:
-            rows = await self._fetch(self._sql["read"], (execution_id, from_sequence))
+            rows = await self._fetch(self._sql.read, (execution_id, from_sequence))
         else:
-            sql = self._sql["read"] + " LIMIT %s"
+            sql = self._sql.read + " LIMIT %s"
             rows = await self._fetch(sql, (execution_id, from_sequence, max(limit, 0)))
         limits = self.limits
         return [
@@ -418,19 +427,19 @@ class PostgresStore(GroupCommit):
         """See :meth:`loom.storage.EventStore.last_sequence`."""
         if "\x00" in execution_id:
             return -1
-        rows = await self._fetch(self._sql["last"], (execution_id,))
+        rows = await self._fetch(self._sql.last, (execution_id,))
         return int(rows[0][0]) - 1 if rows else -1
 
     async def acquire_fence(self, execution_id: str) -> int:
         """See :meth:`loom.storage.EventStore.acquire_fence`."""
         self._writable()
         _storable(execution_id, "execution id")
-        req = WriteRequest(
-            "fence",
-            execution_id,
-            self._sql["fence"],
-            (execution_id,),
-            asyncio.get_running_loop().create_future(),
+        req = PostgresWrite(
+            kind="fence",
+            execution_id=execution_id,
+            sql=self._sql.fence,
+            params=(execution_id,),
+            future=asyncio.get_running_loop().create_future(),
         )
         result: int = await self._submit(req)
         return result
@@ -439,7 +448,7 @@ class PostgresStore(GroupCommit):
         """See :meth:`loom.storage.EventStore.current_fence`."""
         if "\x00" in execution_id:
             return 0
-        rows = await self._fetch(self._sql["current_fence"], (execution_id,))
+        rows = await self._fetch(self._sql.current_fence, (execution_id,))
         return int(rows[0][0]) if rows else 0
 
     async def iterate_execution_ids(
@@ -450,9 +459,9 @@ class PostgresStore(GroupCommit):
         cursor = None if after is None else after.split("\x00", 1)[0]
         while True:
             if cursor is None:
-                rows = await self._fetch(self._sql["ids_first"], (page_size,))
+                rows = await self._fetch(self._sql.ids_first, (page_size,))
             else:
-                rows = await self._fetch(self._sql["ids_after"], (cursor, page_size))
+                rows = await self._fetch(self._sql.ids_after, (cursor, page_size))
             for (execution_id,) in rows:
                 yield execution_id
             if len(rows) < page_size:
@@ -518,18 +527,18 @@ class PostgresStore(GroupCommit):
         """See :meth:`loom.storage.ExecutionIndex.get_summary`."""
         if not _storable_text(execution_id):
             return None
-        rows = await self._fetch(self._sql["summary"], (execution_id,))
+        rows = await self._fetch(self._sql.summary, (execution_id,))
         return summary_from_row(rows[0]) if rows else None
 
     async def changes(
         self, after: int, limit: int = 100, *, id_prefix: str = ""
     ) -> list[ExecutionSummary]:
         """See :meth:`loom.storage.ExecutionIndex.changes`."""
-        rows = await self._fetch(self._sql["changes"], (after, id_prefix, max(limit, 1)))
+        rows = await self._fetch(self._sql.changes, (after, id_prefix, max(limit, 1)))
         return [summary_from_row(r) for r in rows]
 
     async def _last_cursor(self, _key: str = "") -> int:
-        rows = await self._fetch(self._sql["last_cursor"], ())
+        rows = await self._fetch(self._sql.last_cursor, ())
         return int(rows[0][0])
 
     async def wait_for_changes(self, after: int, *, timeout: float | None = None) -> int:
@@ -570,12 +579,12 @@ class PostgresStore(GroupCommit):
         _storable(state_json, "snapshot")
         checksum = snapshot_checksum(snapshot.execution_id, snapshot.sequence, state_json)
         faults.hit("before_snapshot")
-        req = WriteRequest(
-            "snapshot",
-            snapshot.execution_id,
-            self._sql["snapshot"],
-            (snapshot.execution_id, snapshot.sequence, state_json, checksum),
-            asyncio.get_running_loop().create_future(),
+        req = PostgresWrite(
+            kind="snapshot",
+            execution_id=snapshot.execution_id,
+            sql=self._sql.snapshot,
+            params=(snapshot.execution_id, snapshot.sequence, state_json, checksum),
+            future=asyncio.get_running_loop().create_future(),
         )
         await self._submit(req)
 
@@ -583,7 +592,7 @@ class PostgresStore(GroupCommit):
         """See :meth:`loom.storage.SnapshotStore.load_snapshot`."""
         if "\x00" in execution_id:
             return None
-        rows = await self._fetch(self._sql["snapshot_load"], (execution_id,))
+        rows = await self._fetch(self._sql.snapshot_load, (execution_id,))
         if not rows:
             return None
         sequence, state, checksum = rows[0]
@@ -599,14 +608,14 @@ class PostgresStore(GroupCommit):
             return
         keys = list(blobs)
         params = (namespace, keys, [bytes(blobs[k]) for k in keys])
-        await self._write("blob", namespace, self._sql["blob_put"], params)
+        await self._write("blob", namespace, self._sql.blob_put, params)
 
     async def get_blobs(self, hashes: Iterable[str], *, namespace: str = "") -> dict[str, bytes]:
         """See :meth:`loom.storage.BlobStore.get_blobs`."""
         wanted = check_hashes(hashes)
         if not wanted or "\x00" in namespace:
             return {}
-        rows = await self._fetch(self._sql["blob_get"], (namespace, wanted))
+        rows = await self._fetch(self._sql.blob_get, (namespace, wanted))
         return {str(h): bytes(d) for h, d in rows}
 
     # ---------------------------------------------------------------- TimerStore
@@ -617,7 +626,7 @@ class PostgresStore(GroupCommit):
         _storable(timer.kind, "timer kind")
         _storable(timer.flow_id, "flow id")
         params = (timer.execution_id, timer.position, timer.fire_at, timer.kind, timer.flow_id)
-        await self._write("timer", timer.execution_id, self._sql["timer_schedule"], params)
+        await self._write("timer", timer.execution_id, self._sql.timer_schedule, params)
 
     async def claim_due_timers(
         self, now: float, *, owner: str, lease: float, limit: int = 100, prefix: str = ""
@@ -644,10 +653,10 @@ class PostgresStore(GroupCommit):
         }
         try:
             async with pool.connection() as conn:
-                cur = await conn.execute(self._sql["timer_claim"], params)
+                cur = await conn.execute(self._sql.timer_claim, params)
                 rows = await cur.fetchall()
         except psycopg.Error as exc:
-            self._check_pool()
+            self._writer.check_pool()
             raise StorageError(
                 f"PostgreSQL store ({self.schema}): claiming due timers failed: {exc}",
                 hint="The timers it may have claimed are handed out again after the lease",
@@ -661,26 +670,33 @@ class PostgresStore(GroupCommit):
         """See :meth:`loom.storage.TimerStore.complete_timer`."""
         if _storable_text(timer.execution_id):
             params = (timer.execution_id, timer.position)
-            await self._write("timer", timer.execution_id, self._sql["timer_complete"], params)
+            await self._write("timer", timer.execution_id, self._sql.timer_complete, params)
 
     async def cancel_timers(self, execution_id: str) -> int:
         """See :meth:`loom.storage.TimerStore.cancel_timers`."""
         if not _storable_text(execution_id):
             return 0  # nothing can be stored under it
-        sql = self._sql["timer_cancel"]
+        sql = self._sql.timer_cancel
         result: int = await self._write("timer", execution_id, sql, (execution_id,))
         return result
 
     async def next_timer_due(self, prefix: str = "") -> float | None:
         """See :meth:`loom.storage.TimerStore.next_timer_due`."""
-        rows = await self._fetch(self._sql["timer_next"], (prefix,))
+        rows = await self._fetch(self._sql.timer_next, (prefix,))
         return None if not rows or rows[0][0] is None else float(rows[0][0])
 
     async def _write(self, kind: WriteKind, execution_id: str, sql: str, params: Any) -> Any:
         """Commit one statement through the group commit; its one row's count is the result."""
         self._writable()
         future = asyncio.get_running_loop().create_future()
-        return await self._submit(WriteRequest(kind, execution_id, sql, params, future))
+        req = PostgresWrite(
+            kind=kind, execution_id=execution_id, sql=sql, params=params, future=future
+        )
+        return await self._submit(req)
+
+    async def _submit(self, req: PostgresWrite) -> Any:
+        await self._ensure_open()
+        return await self._writer.submit(req)
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -692,17 +708,8 @@ class PostgresStore(GroupCommit):
             return
         self._closed = True
         self._listener.closed = True  # no reconnect while the batches in flight finish
-        if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._fail_pending()
+        await self._writer.close()
         await self._listener.stop()
-        task = self._check_task
-        if task is not None and not task.done():
-            task.cancel()
-            try:
-                await task
-            except (asyncio.CancelledError, psycopg.Error):
-                pass
         pool, self._pool = self._pool, None
         if pool is not None:
             await pool.close()

@@ -1,0 +1,345 @@
+"""How Loom's costs grow: log length, snapshots, suspended executions, worker processes.
+
+    python -m bench.scale [--lengths 100,1000,10000] [--suspended 2000] [--procs 1,2,4]
+
+Tables (printed) and plots (``bench/results/scale-*.png``, when matplotlib from the ``bench``
+extra is installed):
+
+* **load / recover vs log length**, SQLite, with snapshots (every 256 events, the default) and
+  without. *load* is ``runtime.load_state`` from a fresh store object. *recover* is a fresh
+  runtime's ``recover(id)`` until the flow's result is in hand (the log holds N
+  completed steps of a process that died before step N+1): loading, taking over, replaying
+  N steps from the log, running the new one and recording the flow's completion (two
+  commits).
+* **snapshot bytes** written while the N-step log was written, and their ratio to the log's
+  own bytes (linear growth keeps the ratio flat).
+* **memory per suspended execution**: Python heap (tracemalloc) per execution after starting
+  N executions that suspend at a gate, with the runtime still holding them.
+* **throughput vs processes** on PostgreSQL: P processes each running 3-step flows for a fixed
+  time; total flows/s (skipped without a server).
+
+Every row also prints the machine's load average: the machine may be shared, so compare rows
+of one run, not runs of different days.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import tracemalloc
+from pathlib import Path
+from typing import Any
+
+import loom
+from loom.model import encode_json
+
+RESULTS = Path(__file__).parent / "results"
+PG_DSN = os.environ.get("LOOM_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
+
+#: Set by the recovering runtime: the step after the logged ones stops blocking.
+_release = asyncio.Event()
+
+
+@loom.step(id="noop")
+async def noop(i: int) -> int:
+    return i
+
+
+@loom.step(id="next")
+async def next_step() -> str:
+    await _release.wait()
+    return "new"
+
+
+@loom.flow(id="scale-long", version="1")
+async def long_flow(ctx: loom.WorkflowContext, n: int) -> str:
+    for i in range(n):
+        await ctx.run(noop, i)
+    return await ctx.run(next_step)
+
+
+@loom.flow(id="scale-gate", version="1")
+async def gate_flow(ctx: loom.WorkflowContext) -> Any:
+    await ctx.run(noop, 0)
+    return await ctx.suspend("Go")
+
+
+@loom.flow(id="scale-three", version="1")
+async def three_flow(ctx: loom.WorkflowContext, n: int) -> int:
+    a = await ctx.run(noop, n)
+    b = await ctx.run(noop, a)
+    return await ctx.run(noop, b)
+
+
+class CountingStore:
+    """Counts the bytes of every snapshot written through it (a wrapper over a store)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.snapshot_bytes = 0
+        self.snapshots = 0
+
+    async def save_snapshot(self, snapshot: Any) -> None:
+        self.snapshot_bytes += len(encode_json(snapshot.state, limits=_BIG).encode())
+        self.snapshots += 1
+        await self.inner.save_snapshot(snapshot)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+_BIG = loom.model.PayloadLimits(max_bytes=1 << 30, max_depth=900)
+
+
+async def _write_log(path: Path, n: int, snapshot_every: int) -> tuple[str, int, int]:
+    """Write an execution with ``n`` completed steps whose step n+1 never finishes; return
+    (id, snapshot bytes, log bytes)."""
+    _release.clear()
+    store = CountingStore(loom.SQLiteStore(path, synchronous="NORMAL"))
+    runtime = loom.WorkflowRuntime(store, snapshot_every=snapshot_every, timers=False)  # type: ignore[arg-type]
+    runtime.register(long_flow)
+    handle = await runtime.start(long_flow, n)
+    eid = handle.execution_id
+    while True:  # the n steps are durable once the (n+1)-th has started running
+        state = await runtime.load_state(eid)
+        if state is not None and len(state.ops) >= n:
+            break
+        await store.wait_for_append(eid, state.last_sequence if state else -1, timeout=5)
+    log_bytes = sum(len(e.payload_json) for e in await store.inner.read(eid))
+    await runtime.close()  # the "process" dies: step n+1 never completes
+    return eid, store.snapshot_bytes, log_bytes
+
+
+async def _load_ms(path: Path, eid: str, reps: int = 5) -> float:
+    times = []
+    for _ in range(reps):
+        store = loom.SQLiteStore(path)
+        runtime = loom.WorkflowRuntime(store, timers=False)
+        runtime.register(long_flow)
+        t0 = time.perf_counter()
+        await runtime.load_state(eid)
+        times.append((time.perf_counter() - t0) * 1e3)
+        await runtime.close()
+    return statistics.median(times)
+
+
+async def _recover_ms(path: Path, eid: str, snapshot_every: int) -> float:
+    store = loom.SQLiteStore(path)
+    runtime = loom.WorkflowRuntime(store, snapshot_every=snapshot_every, timers=False)
+    runtime.register(long_flow)
+    before = await store.last_sequence(eid)
+    _release.set()
+    t0 = time.perf_counter()
+    handle = await runtime.recover(eid)
+    assert await handle.result() == "new"
+    elapsed = (time.perf_counter() - t0) * 1e3
+    assert await store.last_sequence(eid) > before
+    await runtime.close()
+    return elapsed
+
+
+async def log_length(lengths: list[int], tmp: Path) -> list[dict[str, Any]]:
+    rows = []
+    for n in lengths:
+        for label, every in (("snapshots", 256), ("no snapshots", 10**9)):
+            path = tmp / f"len-{n}-{every}.db"
+            eid, snap_bytes, log_bytes = await _write_log(path, n, every)
+            load = await _load_ms(path, eid)
+            recover = await _recover_ms(path, eid, every)
+            rows.append(
+                {
+                    "steps": n,
+                    "mode": label,
+                    "load_ms": load,
+                    "recover_ms": recover,
+                    "snapshot_bytes": snap_bytes,
+                    "log_bytes": log_bytes,
+                }
+            )
+            print(
+                f"  {n:>6} steps {label:<13} load {load:8.2f} ms  recover {recover:8.2f} ms  "
+                f"snapshots {snap_bytes:>11,} B ({snap_bytes / max(1, log_bytes):.1f}x log)",
+                flush=True,
+            )
+    return rows
+
+
+async def memory_per_suspended(n: int, tmp: Path) -> dict[str, float]:
+    store = loom.SQLiteStore(tmp / "mem.db", synchronous="NORMAL")
+    runtime = loom.WorkflowRuntime(store, timers=False)
+    runtime.register(gate_flow)
+    warm = await runtime.start(gate_flow)
+    await warm.wait_for_suspend()
+    gc.collect()
+    tracemalloc.start()
+    base = tracemalloc.get_traced_memory()[0]
+    for _ in range(0, n, 250):
+        handles = await asyncio.gather(*(runtime.start(gate_flow) for _ in range(250)))
+        await asyncio.gather(*(h.wait_for_suspend() for h in handles))
+        del handles
+    gc.collect()
+    used = tracemalloc.get_traced_memory()[0] - base
+    tracemalloc.stop()
+    await runtime.close()
+    return {"executions": n, "bytes_per_execution": used / n}
+
+
+_CHILD = """
+import asyncio, sys, time
+import loom
+from loom.storage.postgres import PostgresStore
+from bench.scale import three_flow
+async def main(dsn, schema, seconds, tag):
+    store = await PostgresStore.open(dsn, schema=schema)
+    rt = loom.WorkflowRuntime(store, timers=False)
+    rt.register(three_flow)
+    print("ready", flush=True)
+    sys.stdin.readline()
+    done = 0
+    end = time.perf_counter() + seconds
+    async def worker(w):
+        nonlocal done
+        k = 0
+        while time.perf_counter() < end:
+            h = await rt.start(three_flow, k, execution_id=f"{tag}-{w}-{k}")
+            await h.result()
+            k += 1
+            done += 1
+    await asyncio.gather(*(worker(w) for w in range(32)))
+    print(done, flush=True)
+    await rt.close()
+asyncio.run(main(sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4]))
+"""
+
+
+async def _create_schema(schema: str) -> None:
+    from loom.storage.postgres import PostgresStore
+
+    await (await PostgresStore.open(PG_DSN, schema=schema)).close()
+
+
+async def _drop_schema(schema: str) -> None:
+    from loom.storage.postgres import PostgresStore
+
+    await PostgresStore.drop_schema(PG_DSN, schema)
+
+
+def throughput_by_processes(procs: list[int], seconds: float) -> list[dict[str, Any]]:
+    schema = f"bench_scale_{os.getpid()}"
+    try:
+        asyncio.run(_create_schema(schema))
+    except Exception as exc:
+        print(f"  PostgreSQL rows skipped: {exc!r}")
+        return []
+    rows = []
+    try:
+        for p in procs:
+            children = [
+                subprocess.Popen(
+                    [sys.executable, "-c", _CHILD, PG_DSN, schema, str(seconds), f"p{p}-{i}"],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    text=True,
+                )
+                for i in range(p)
+            ]
+            for c in children:
+                assert c.stdout is not None and c.stdout.readline().strip() == "ready"
+            for c in children:
+                assert c.stdin is not None
+                c.stdin.write("go\n")
+                c.stdin.flush()
+            done = sum(int(c.communicate(timeout=seconds + 120)[0].strip()) for c in children)
+            rows.append({"processes": p, "flows_per_s": done / seconds})
+            print(f"  {p} process(es): {done / seconds:8.0f} three-step flows/s", flush=True)
+    finally:
+        asyncio.run(_drop_schema(schema))
+    return rows
+
+
+def plot(length_rows: list[dict[str, Any]], proc_rows: list[dict[str, Any]]) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("(matplotlib not installed: pip install -e '.[bench]' for the plots)")
+        return
+    RESULTS.mkdir(exist_ok=True)
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
+    for mode in ("snapshots", "no snapshots"):
+        rows = [r for r in length_rows if r["mode"] == mode]
+        xs = [r["steps"] for r in rows]
+        axes[0].plot(xs, [r["load_ms"] for r in rows], marker="o", label=mode)
+        axes[1].plot(xs, [r["recover_ms"] for r in rows], marker="o", label=mode)
+    snap = [r for r in length_rows if r["mode"] == "snapshots"]
+    axes[2].plot(
+        [r["steps"] for r in snap], [r["snapshot_bytes"] for r in snap], marker="o", label="snap"
+    )
+    axes[2].plot(
+        [r["steps"] for r in snap], [r["log_bytes"] for r in snap], marker="o", label="log"
+    )
+    titles = ("load_state (ms)", "recover to next new step (ms)", "bytes written")
+    for ax, title in zip(axes, titles, strict=True):
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("completed steps in the log")
+        ax.set_title(title)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(RESULTS / "scale-log-length.png", dpi=110)
+    if proc_rows:
+        fig, ax = plt.subplots(figsize=(5, 4))
+        ax.plot([r["processes"] for r in proc_rows], [r["flows_per_s"] for r in proc_rows], "o-")
+        ax.set_xlabel("worker processes (PostgreSQL)")
+        ax.set_ylabel("three-step flows/s")
+        fig.tight_layout()
+        fig.savefig(RESULTS / "scale-processes.png", dpi=110)
+    print(f"plots written to {RESULTS}/scale-*.png")
+
+
+async def sqlite_part(
+    lengths: list[int], suspended: int
+) -> tuple[list[dict[str, Any]], dict[str, float]]:
+    with tempfile.TemporaryDirectory() as tmp:
+        length_rows = await log_length(lengths, Path(tmp))
+        mem = await memory_per_suspended(suspended, Path(tmp))
+    return length_rows, mem
+
+
+def main(args: argparse.Namespace) -> None:
+    lengths = [int(x) for x in args.lengths.split(",")]
+    procs = [int(x) for x in args.procs.split(",") if x]
+    print(f"load average {os.getloadavg()[0]:.1f}")
+    print("Load and recovery against log length (SQLite, synchronous=FULL when timed):")
+    length_rows, mem = asyncio.run(sqlite_part(lengths, args.suspended))
+    print(
+        f"\nMemory per suspended execution (Python heap, {mem['executions']:,} held by one "
+        f"runtime): {mem['bytes_per_execution'] / 1024:.1f} KiB"
+    )
+    print("\nThroughput against worker processes (PostgreSQL):")
+    proc_rows = throughput_by_processes(procs, args.seconds)
+    print(f"load average {os.getloadavg()[0]:.1f}")
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "scale.json").write_text(
+        json.dumps({"log_length": length_rows, "memory": mem, "processes": proc_rows}, indent=1)
+    )
+    plot(length_rows, proc_rows)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--lengths", default="100,1000,10000")
+    parser.add_argument("--suspended", type=int, default=2000)
+    parser.add_argument("--procs", default="1,2,4")
+    parser.add_argument("--seconds", type=float, default=5.0)
+    main(parser.parse_args())

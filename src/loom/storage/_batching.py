@@ -1,0 +1,169 @@
+"""One group-commit engine for every store that commits batches.
+
+A store wraps each write in a :class:`WriteRequest` (its own subclass, typed) and hands it to
+:meth:`GroupCommit.submit`. Concurrent writers are coalesced: the first writer to find no batch
+collecting leads, yields once so that every task that is ready now can queue behind it, then
+takes the queue and commits it with the store's ``run_batch`` (one transaction, one durable
+commit for all of them). A lone write commits in the caller's own task (no extra task, no
+extra hop); a shared batch runs in a task of its own, so a cancelled caller never strands the
+others. When a batch finishes, what queued meanwhile goes in the next one. At most
+``max_inflight`` batches run at once (SQLite: 1, its single writer; PostgreSQL: a few, one per
+pooled connection).
+
+``run_batch`` must give every request of its batch a result or an error (a refusal fails only
+its own caller); the engine then answers the callers' futures. If ``run_batch`` itself raises,
+every request it left unanswered fails with a :class:`~loom.errors.StorageWriteError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+from loom.errors import StorageWriteError
+
+__all__ = ["GroupCommit", "WriteRequest"]
+
+
+@dataclass(eq=False, kw_only=True)
+class WriteRequest:
+    """One caller's write; ``run_batch`` fills ``result`` or ``error``."""
+
+    future: asyncio.Future[Any] = field(repr=False)
+    result: Any = None
+    error: BaseException | None = None
+    answered: bool = field(default=False, repr=False)
+
+
+R = TypeVar("R", bound=WriteRequest)
+
+
+def answer(req: WriteRequest) -> None:
+    """Tell ``req``'s caller its outcome (once; a caller that gave up is skipped)."""
+    if req.answered:
+        return
+    req.answered = True
+    if req.future.done():  # the caller gave up (cancelled); nothing to tell it
+        return
+    if req.error is not None:
+        req.future.set_exception(req.error)
+    else:
+        req.future.set_result(req.result)
+
+
+class GroupCommit(Generic[R]):
+    """Coalesces the writes submitted on ONE event loop into batches (see the module doc)."""
+
+    def __init__(
+        self,
+        run_batch: Callable[[list[R]], Awaitable[None]],
+        *,
+        coalesce: bool = True,
+        max_batch: int = 1024,
+        max_inflight: int = 1,
+        where: str = "store",
+    ) -> None:
+        self._run_batch = run_batch
+        self.coalesce = coalesce
+        self.max_batch = max_batch if coalesce else 1
+        self.max_inflight = max_inflight
+        self.where = where
+        self._pending: list[R] = []
+        self._collecting = False
+        self._inflight = 0
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    async def submit(self, req: R) -> Any:
+        """Commit ``req``, coalesced with every write queued meanwhile; return its result."""
+        self._pending.append(req)
+        if self._collecting or self._inflight >= self.max_inflight:
+            return await req.future  # a batch that is collecting, or the next free one, takes it
+        self._collecting = True
+        self._inflight += 1
+        if self.coalesce:
+            try:
+                await asyncio.sleep(0)
+            except BaseException:  # cancelled while collecting: hand the others to a batch task
+                self._collecting = False
+                self._inflight -= 1
+                if req in self._pending:
+                    self._pending.remove(req)
+                self._maybe_start_batch_task()
+                raise
+        batch = self._take_batch()
+        if len(batch) != 1 or batch[0] is not req:
+            self._spawn(self._flush(batch))
+            return await req.future
+        try:
+            await self._run(batch)
+        except BaseException:
+            if req.future.done() and not req.future.cancelled():
+                req.future.exception()  # retrieved: the caller gets the interruption instead
+            raise
+        finally:
+            self._inflight -= 1
+            self._maybe_start_batch_task()
+        return req.future.result()
+
+    def fail_pending(self, error: Callable[[], BaseException]) -> None:
+        """Refuse every queued write that no batch took (the store is closing)."""
+        pending, self._pending = self._pending, []
+        for req in pending:
+            req.error = error()
+            answer(req)
+
+    async def drain(self) -> None:
+        """Wait for the batches running now (the store is closing)."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    def _take_batch(self) -> list[R]:
+        batch = self._pending[: self.max_batch]
+        del self._pending[: self.max_batch]
+        self._collecting = False
+        self._maybe_start_batch_task()  # what is left beyond max_batch
+        return batch
+
+    def _maybe_start_batch_task(self) -> None:
+        if self._pending and not self._collecting and self._inflight < self.max_inflight:
+            self._collecting = True
+            self._inflight += 1
+            self._spawn(self._flush(None))
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _flush(self, batch: list[R] | None) -> None:
+        """Run ``batch`` (or take one: this task was started while writers queued), then keep
+        taking what queued meanwhile, as long as no other batch is collecting it."""
+        try:
+            while True:
+                if batch is None:
+                    batch = self._take_batch()
+                if batch:
+                    await self._run(batch)
+                if not self._pending or self._collecting:
+                    return
+                self._collecting = True
+                batch = None
+        finally:
+            self._inflight -= 1
+
+    async def _run(self, batch: list[R]) -> None:
+        try:
+            await self._run_batch(batch)
+        except BaseException as exc:
+            err = StorageWriteError(f"{self.where}: the write was interrupted: {exc!r}")
+            err.__cause__ = exc
+            for req in batch:
+                if not req.answered and req.error is None:
+                    req.error = err
+                    req.result = None
+            raise
+        finally:
+            for req in batch:
+                answer(req)
