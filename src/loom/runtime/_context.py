@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 import traceback
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, ParamSpec, TypeVar
 
@@ -19,6 +19,7 @@ from loom.errors import (
     PayloadError,
     StepFailedError,
 )
+from loom.learning import _decisions as _learning
 from loom.model import (
     DecisionRecorded,
     EventPayload,
@@ -391,6 +392,25 @@ class WorkflowContext:
             value = await value
         await self._driver.append([DecisionRecorded(pos, name, value)])
         return value
+
+    async def decide_with_policy(
+        self, decision_id: str, policy: Any, context: Any, actions: Sequence[Any]
+    ) -> Any:
+        """Let ``policy`` choose among ``actions`` for ``context`` and record the choice with
+        the context, the alternatives, the policy's id and version and its propensity, so the
+        log can later evaluate other policies (:mod:`loom.learning`). Replay returns the
+        recorded action without consulting the policy.
+
+        Raises :class:`~loom.learning.DecisionError` (nothing recorded) when the policy picks
+        an action not among ``actions`` or a propensity outside (0, 1].
+        """
+        return await _learning.decide_with_policy(self, decision_id, policy, context, actions)
+
+    async def record_outcome(self, key: str, score: float, decision_id: str | None = None) -> bool:
+        """Record ``score`` as the outcome ``key`` of a decision (the flow's latest
+        ``decide_with_policy`` when ``decision_id`` is None). Idempotent per (decision, key):
+        a second score for the same pair is not recorded and returns False."""
+        return await _learning.record_outcome(self, key, score, decision_id)
 
     async def now(self) -> datetime:
         """The current time, recorded once so replay sees the same instant."""

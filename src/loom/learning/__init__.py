@@ -1,0 +1,34 @@
+"""Learning from the log: decisions recorded with their propensity, outcomes that score them,
+and off-policy evaluation of a policy that never ran (``evaluate_policy``)."""
+
+from loom.learning._decisions import (
+    DECISION_EVENT,
+    OUTCOME_EVENT,
+    DecisionError,
+    OutcomeRecorded,
+    Policy,
+    PolicyDecisionRecorded,
+)
+from loom.learning._ope import (
+    PolicyReport,
+    Trajectory,
+    evaluate_policy,
+    format_report,
+    trajectories,
+    trajectories_from_envelopes,
+)
+
+__all__ = [
+    "DECISION_EVENT",
+    "OUTCOME_EVENT",
+    "DecisionError",
+    "OutcomeRecorded",
+    "Policy",
+    "PolicyDecisionRecorded",
+    "PolicyReport",
+    "Trajectory",
+    "evaluate_policy",
+    "format_report",
+    "trajectories",
+    "trajectories_from_envelopes",
+]
