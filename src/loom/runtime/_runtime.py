@@ -126,7 +126,9 @@ class WorkflowRuntime:
         self._timer_store: TimerStore | None = store if isinstance(store, TimerStore) else None
         self.timers: TimerService | None = None
         if self._timer_store is not None:
-            self.timers = TimerService(self._timer_store, self._wake_locally, clock=self.clock)
+            self.timers = TimerService(
+                self._timer_store, self._wake_locally, clock=self.clock, flow_ids=self._flows.keys
+            )
         self._serve_timers = timers
         self.interceptors: tuple[StepInterceptor, ...] = tuple(interceptors)
         self._intercept = build_chain(self.interceptors)

@@ -7,7 +7,7 @@ import enum
 import logging
 import os
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import replace
 
 from loom.runtime._clock import Clock, SystemClock
@@ -48,6 +48,8 @@ class TimerService:
         poll_interval: float = 1.0,
         concurrency: int = 64,
         early_retry: float = 0.5,
+        max_early_backoff: float = 60.0,
+        flow_ids: Callable[[], Collection[str]] | None = None,
     ) -> None:
         self.store = store
         self.wake = wake
@@ -57,6 +59,11 @@ class TimerService:
         self.batch = batch
         self.poll_interval = poll_interval
         self.early_retry = early_retry
+        self.max_early_backoff = max_early_backoff
+        #: which flows' timers to claim (asked before every claim); None: every flow's
+        self.flow_ids = flow_ids
+        #: consecutive EARLY answers for timers that were due by our clock, by (id, position)
+        self._early: dict[tuple[str, int], int] = {}
         self._limit = asyncio.Semaphore(concurrency)
         self._kick = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -74,13 +81,26 @@ class TimerService:
                     exc,
                 )
                 return
+            key = (timer.execution_id, timer.position)
             if outcome is WakeOutcome.EARLY:
                 # Not due by the waker's clock, or the wait is not logged yet (its timer is
                 # stored first): hand the timer back for a later try instead of deleting it
                 # or sitting on the claim for a whole lease.
-                retry_at = max(timer.fire_at, self.clock.now() + self.early_retry)
-                await self.store.schedule_timer(replace(timer, fire_at=retry_at))
+                now = self.clock.now()
+                delay = self.early_retry
+                if timer.fire_at <= now:
+                    # Due by our clock, yet nothing waits in the log: usually the holder died
+                    # between storing the timer and logging the wait, and only recovery (which
+                    # re-runs the flow up to the wait) can settle it. Back off exponentially
+                    # instead of polling it every early_retry seconds forever.
+                    tries = self._early.get(key, 0)
+                    self._early[key] = tries + 1
+                    delay = min(self.early_retry * 2 ** min(tries, 32), self.max_early_backoff)
+                await self.store.schedule_timer(
+                    replace(timer, fire_at=max(timer.fire_at, now + delay))
+                )
                 return
+            self._early.pop(key, None)
             if outcome is WakeOutcome.FIRED:
                 self.fired.append(timer)
             await self.store.complete_timer(timer)
@@ -90,7 +110,11 @@ class TimerService:
         total = 0
         while True:
             due = await self.store.claim_due_timers(
-                self.clock.now(), owner=self.owner, lease=self.lease, limit=self.batch
+                self.clock.now(),
+                owner=self.owner,
+                lease=self.lease,
+                limit=self.batch,
+                flow_ids=None if self.flow_ids is None else self.flow_ids(),
             )
             if not due:
                 return total
@@ -112,8 +136,10 @@ class TimerService:
                 log.warning("timer service poll failed: %r", exc)
                 next_due = None
             wait = self.poll_interval
-            if next_due is not None:
-                wait = max(0.0, min(wait, next_due - self.clock.now()))
+            if next_due is not None and next_due > self.clock.now():
+                # A timer due already but not claimed is held by another service or is of a
+                # flow not registered here: poll for it, do not spin on it.
+                wait = min(wait, next_due - self.clock.now())
             self._kick.clear()
             try:
                 await asyncio.wait_for(self._kick.wait(), wait)

@@ -248,6 +248,7 @@ WHERE (execution_id, position) IN (
     SELECT execution_id, position FROM {s}.timers
     WHERE fire_at <= %(now)s AND claimed_until <= %(now)s
       AND starts_with(execution_id, %(prefix)s)
+      AND (%(any_flow)s OR flow_id = ANY(%(flow_ids)s::text[]))
     ORDER BY fire_at, execution_id, position
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED

@@ -156,11 +156,20 @@ class TimerStore(Protocol):
         ...
 
     async def claim_due_timers(
-        self, now: float, *, owner: str, lease: float, limit: int = 100, prefix: str = ""
+        self,
+        now: float,
+        *,
+        owner: str,
+        lease: float,
+        limit: int = 100,
+        prefix: str = "",
+        flow_ids: Collection[str] | None = None,
     ) -> list[Timer]:
         """Claim up to ``limit`` timers due at ``now`` that nobody holds (or whose claim
         expired), for ``lease`` seconds. Two concurrent callers never claim the same timer.
-        ``prefix`` restricts the claim to execution ids that start with it (a tenant's)."""
+        ``prefix`` restricts the claim to execution ids that start with it (a tenant's);
+        ``flow_ids``, when given, to timers of those flows (a runtime that lacks a flow's code
+        must not claim, and so hold for a whole lease, the timers it cannot fire)."""
         ...
 
     async def complete_timer(self, timer: Timer) -> None:

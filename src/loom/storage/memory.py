@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from loom import faults
@@ -226,14 +226,24 @@ class InMemoryStore:
             self._timers[(timer.execution_id, timer.position)] = (timer, None, 0.0)
 
     async def claim_due_timers(
-        self, now: float, *, owner: str, lease: float, limit: int = 100, prefix: str = ""
+        self,
+        now: float,
+        *,
+        owner: str,
+        lease: float,
+        limit: int = 100,
+        prefix: str = "",
+        flow_ids: Collection[str] | None = None,
     ) -> list[Timer]:
         with self._lock:
             due = sorted(
                 (
                     t
                     for t, _, until in self._timers.values()
-                    if t.fire_at <= now and until <= now and t.execution_id.startswith(prefix)
+                    if t.fire_at <= now
+                    and until <= now
+                    and t.execution_id.startswith(prefix)
+                    and (flow_ids is None or t.flow_id in flow_ids)
                 ),
                 key=lambda t: (t.fire_at, t.execution_id, t.position),
             )[:limit]

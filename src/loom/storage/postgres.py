@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 import psycopg
@@ -629,7 +629,14 @@ class PostgresStore:
         await self._write("timer", timer.execution_id, self._sql.timer_schedule, params)
 
     async def claim_due_timers(
-        self, now: float, *, owner: str, lease: float, limit: int = 100, prefix: str = ""
+        self,
+        now: float,
+        *,
+        owner: str,
+        lease: float,
+        limit: int = 100,
+        prefix: str = "",
+        flow_ids: Collection[str] | None = None,
     ) -> list[Timer]:
         """See :meth:`loom.storage.TimerStore.claim_due_timers`.
 
@@ -650,6 +657,8 @@ class PostgresStore:
             "now": now,
             "limit": limit,
             "prefix": prefix,
+            "any_flow": flow_ids is None,
+            "flow_ids": sorted(set(flow_ids or ())),
         }
         try:
             async with pool.connection() as conn:

@@ -26,7 +26,7 @@ import os
 import sqlite3
 import threading
 import weakref
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -844,17 +844,29 @@ class SQLiteStore:
         await self._submit(apply, None)
 
     async def claim_due_timers(
-        self, now: float, *, owner: str, lease: float, limit: int = 100, prefix: str = ""
+        self,
+        now: float,
+        *,
+        owner: str,
+        lease: float,
+        limit: int = 100,
+        prefix: str = "",
+        flow_ids: Collection[str] | None = None,
     ) -> list[Timer]:
         # The claim runs inside BEGIN IMMEDIATE: SQLite's write lock makes it exclusive across
         # every process using the file.
+        flows = None if flow_ids is None else sorted(set(flow_ids))
+        if flows == []:
+            return []
+        by_flow = "" if flows is None else f"AND flow_id IN ({', '.join('?' * len(flows))}) "
+
         def apply(conn: sqlite3.Connection) -> list[Timer]:
             rows = conn.execute(
                 "SELECT execution_id, position, fire_at, kind, flow_id FROM loom_timers "
                 "WHERE fire_at <= ? AND claimed_until <= ? "
-                "AND substr(execution_id, 1, ?) = ? "
+                f"AND substr(execution_id, 1, ?) = ? {by_flow}"
                 "ORDER BY fire_at, execution_id, position LIMIT ?",
-                (now, now, len(prefix), prefix, limit),
+                (now, now, len(prefix), prefix, *(flows or ()), limit),
             ).fetchall()
             conn.executemany(
                 "UPDATE loom_timers SET claimed_by = ?, claimed_until = ? "

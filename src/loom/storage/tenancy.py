@@ -33,7 +33,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import unicodedata
-from collections.abc import AsyncIterator, Awaitable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Collection, Iterable, Mapping, Sequence
 from typing import TypeVar
 
 from loom.errors import (
@@ -361,13 +361,25 @@ class TenantScopedEventStore:
         await self._call(self._timer_store().schedule_timer(self._scope_timer(timer)))
 
     async def claim_due_timers(
-        self, now: float, *, owner: str, lease: float, limit: int = 100, prefix: str = ""
+        self,
+        now: float,
+        *,
+        owner: str,
+        lease: float,
+        limit: int = 100,
+        prefix: str = "",
+        flow_ids: Collection[str] | None = None,
     ) -> list[Timer]:
         """Claim only this tenant's due timers (ids unscoped); ``prefix`` is the tenant's."""
         self._check_open()
         claimed = await self._call(
             self._timer_store().claim_due_timers(
-                now, owner=owner, lease=lease, limit=limit, prefix=self._prefix + prefix
+                now,
+                owner=owner,
+                lease=lease,
+                limit=limit,
+                prefix=self._prefix + prefix,
+                flow_ids=flow_ids,
             )
         )
         return [dataclasses.replace(t, execution_id=self._unscope(t.execution_id)) for t in claimed]
