@@ -19,7 +19,7 @@ from loom.runtime._clock import Clock
 from loom.runtime._intercept import CallNext
 from loom.storage import AppendsWithBlobs, BlobStore, Snapshot, Store, Timer
 
-__all__ = ["Driver"]
+__all__ = ["Driver", "StopAtBoundary"]
 
 
 async def _store_call(write: Awaitable[None], execution_id: str) -> None:
@@ -43,6 +43,12 @@ async def _store_call(write: Awaitable[None], execution_id: str) -> None:
 
 
 log = logging.getLogger("loom.runtime")
+
+
+class StopAtBoundary(BaseException):
+    """Raised right after a durable append once the runtime asked the driver to stop there
+    (``WorkflowRuntime.close(drain=...)`` past its deadline). Internal control flow: do not
+    catch it with a bare ``except:``; the execution stays resumable from that append."""
 
 
 class Driver:
@@ -89,6 +95,8 @@ class Driver:
         self.fenced_out: StaleFenceError | None = None
         #: Why the runtime cancelled this driver's task ("cancelled" or "replaced"), if it did.
         self.stop_reason: str | None = None
+        #: Set by a draining close past its deadline: stop after the next durable append.
+        self.stop_at_boundary = False
 
     def build(self, events: Sequence[EventPayload]) -> list[Envelope]:
         now = self.clock.now()
@@ -119,6 +127,8 @@ class Driver:
                 raise
             self._applied(envelopes)
             await self.maybe_snapshot()
+        if self.stop_at_boundary:
+            raise StopAtBoundary
 
     async def _write(self, envelopes: list[Envelope], blobs: dict[str, bytes]) -> None:
         if not blobs:

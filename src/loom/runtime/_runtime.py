@@ -60,7 +60,7 @@ from loom.runtime._context import (
     error_record,
     replayed_value,
 )
-from loom.runtime._driver import Driver
+from loom.runtime._driver import Driver, StopAtBoundary
 from loom.runtime._gates import gate_validator
 from loom.runtime._handle import ExecutionHandle
 from loom.runtime._intercept import StepInterceptor, build_chain
@@ -123,6 +123,7 @@ class WorkflowRuntime:
         self._drivers: dict[str, Driver] = {}
         self._tasks: set[asyncio.Task[None]] = set()  # every driver, replaced ones too
         self._closed = False
+        self._stopping_at_boundary = False  # a draining close passed its deadline
         self._timer_store: TimerStore | None = store if isinstance(store, TimerStore) else None
         self.timers: TimerService | None = None
         if self._timer_store is not None:
@@ -676,6 +677,13 @@ class WorkflowRuntime:
                     await driver.append([ExecutionFailed(error_record(exc))])
         except StaleFenceError as exc:
             driver.error = await self._fenced_out_error(eid, exc)
+        except StopAtBoundary:
+            # A draining close stopped it right after a durable append: resumable from there.
+            if driver.state.status is ExecutionStatus.RUNNING:
+                driver.error = RuntimeClosedError(
+                    f"the runtime stopped driving {eid!r} at a durable boundary (closed)",
+                    execution_id=eid,
+                )
         except asyncio.CancelledError:
             # Never hand a CancelledError to the tasks awaiting the handle: say why instead.
             if driver.stop_reason == "replaced":
@@ -746,13 +754,28 @@ class WorkflowRuntime:
         if self._closed:
             raise ConfigurationError("this WorkflowRuntime is closed")
 
-    async def close(self) -> None:
-        """Stop driving executions (they stay resumable) and close the store."""
+    async def close(self, *, drain: float | None = None) -> None:
+        """Stop driving executions (they stay resumable) and close the store.
+
+        New work is refused at once. Without ``drain`` the executions in flight are stopped
+        now (cancelled mid-step; the interrupted step may run again on recovery). With
+        ``drain`` (seconds) they first get that long to suspend or finish; past the deadline
+        each stops at its next durable boundary (right after its in-flight step's result is
+        recorded, so nothing completed is lost and nothing after it starts); one that reaches
+        no boundary within another ``drain`` seconds is cancelled, so close stays bounded.
+        """
         if self._closed:
             return
         self._closed = True
         if self.timers is not None:
             await self.timers.stop()
+        if drain is not None and self._tasks:
+            _, pending = await asyncio.wait(list(self._tasks), timeout=max(0.0, drain))
+            if pending:
+                self._stopping_at_boundary = True
+                for driver in list(self._drivers.values()):
+                    driver.stop_at_boundary = True
+                await asyncio.wait(pending, timeout=max(0.0, drain))
         tasks = list(self._tasks)
         for task in tasks:
             task.cancel()
