@@ -266,6 +266,14 @@ def resume(
     db: DbOption = "loom.db",
     flows_app: AppOption = None,
     as_json: JsonOption = False,
+    position: Annotated[
+        int | None,
+        typer.Option(
+            "--position",
+            help="The gate position the decision is for (see `loom show`); refused if the "
+            "execution waits at another gate.",
+        ),
+    ] = None,
 ) -> None:
     """Deliver a gate's decision and run the execution until it suspends again or ends."""
     try:
@@ -284,7 +292,7 @@ def resume(
 
     async def go() -> loom.ExecutionState:
         async with _runtime(db, load_flows(flows_app)) as rt:
-            handle = await rt.resume(execution_id, event, payload)
+            handle = await rt.resume(execution_id, event, payload, position=position)
             return await handle.settled()
 
     state = _run(go, as_json)

@@ -98,6 +98,8 @@ class ResumeEvent:
 
     event_type: str
     payload: Any = None
+    #: The gate position the decision is for (optional): a worker refuses it for another gate.
+    position: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,15 +164,20 @@ class ExecutionPackage:
             "flow_id": self.flow_id,
             "flow_version": self.flow_version,
             "input": self.input,
-            "resume_event": (
-                {"event_type": self.resume_event.event_type, "payload": self.resume_event.payload}
-                if self.resume_event is not None
-                else None
-            ),
+            "resume_event": self._resume_dict(),
             "snapshot_id": self.snapshot_id,
             "from_sequence": self.from_sequence,
             "metadata": self.metadata,
         }
+
+    def _resume_dict(self) -> dict[str, Any] | None:
+        event = self.resume_event
+        if event is None:
+            return None
+        out = {"event_type": event.event_type, "payload": event.payload}
+        if event.position is not None:
+            out["position"] = event.position  # absent otherwise: older readers stay happy
+        return out
 
     def to_json(self) -> str:
         return encode_json(self.to_dict(), what="execution package")
@@ -184,7 +191,12 @@ class ExecutionPackage:
         if resume is not None:
             if not isinstance(resume, dict):
                 raise WireFormatError(f"{what}: resume_event must be an object")
-            event = ResumeEvent(_need(resume, "event_type", str, what), resume.get("payload"))
+            position = _maybe(resume, "position", int, what)
+            if position is not None and (isinstance(position, bool) or position < 0):
+                raise WireFormatError(f"{what}: resume_event.position must be a gate position")
+            event = ResumeEvent(
+                _need(resume, "event_type", str, what), resume.get("payload"), position
+            )
         execution_id = _need(d, "execution_id", str, what)
         problem = execution_id_problem(execution_id)
         if problem is not None:

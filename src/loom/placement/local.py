@@ -116,7 +116,7 @@ class LocalWorkerRuntime:
         ):
             try:
                 handle = await self.runtime.resume(
-                    state.execution_id, event.event_type, event.payload
+                    state.execution_id, event.event_type, event.payload, position=event.position
                 )
             except NotWaitingError:
                 # Another decision or holder moved first (a duplicate or late dispatch):

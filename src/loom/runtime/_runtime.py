@@ -310,6 +310,7 @@ class WorkflowRuntime:
         payload: Any = None,
         *,
         holder: Lease | None = None,
+        position: int | None = None,
     ) -> ExecutionHandle[Any]:
         """Deliver a gate's decision and continue the execution.
 
@@ -317,12 +318,26 @@ class WorkflowRuntime:
         anything is appended. The first valid decision wins; a later one raises
         :class:`NotWaitingError`. Raises :class:`ExecutionNotFoundError`,
         :class:`ResumeValidationError`, :class:`GateTimedOutError` as the case may be.
+
+        ``position`` (the gate's position, ``state.waiting.position``) pins the decision to
+        one gate: if the execution waits at another position (a later gate of the same event
+        type), it is refused with :class:`NotWaitingError` and nothing is recorded, so a
+        duplicate of an earlier decision can never decide a later gate.
         """
         self._check_open()
         self._ensure_timers()
         for _ in range(_RETRIES):
             state, snap_seq = await self._require(execution_id)
             gate = self._waiting_gate(state, event_type)
+            if position is not None and gate.position != position:
+                raise NotWaitingError(
+                    f"execution {execution_id!r} waits for {event_type!r} at gate position "
+                    f"{gate.position}, not {position}: the decision is for another gate",
+                    execution_id=execution_id,
+                    hint=f"Nothing was recorded; see `loom show {execution_id}`",
+                    waiting_position=gate.position,
+                    position=position,
+                )
             flow = self.get_flow(state.flow_id, state.flow_version)
             normalized = self._validate_resume(flow, state, event_type, payload)
             validator = gate_validator(event_type)
