@@ -114,6 +114,7 @@ async def _version_1_schema(dsn: str, schema: str) -> None:
     await _sql(dsn, f'DROP TABLE "{schema}".executions')  # and what version 3 added
     await _sql(dsn, f'DROP SEQUENCE "{schema}".executions_cursor')
     await _sql(dsn, f'DROP TABLE "{schema}".blobs')
+    await _sql(dsn, f'DROP TABLE "{schema}".leases')
     await _sql(dsn, f"UPDATE \"{schema}\".meta SET value = '1' WHERE key = 'schema_version'")
 
 

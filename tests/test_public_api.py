@@ -54,6 +54,7 @@ EXPECTED = {
     "faults",
     "flow",
     "handler",
+    "lease_expired",
     "recover_abandoned",
     "register_event",
     "replay",

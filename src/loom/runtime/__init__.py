@@ -15,7 +15,7 @@ from loom.runtime._sdk import (
     handler,
     step,
 )
-from loom.runtime.recovery import RecoveryReport, recover_abandoned
+from loom.runtime.recovery import RecoveryReport, lease_expired, recover_abandoned
 from loom.runtime.timers import TimerService, WakeOutcome
 
 __all__ = [
@@ -41,6 +41,7 @@ __all__ = [
     "current_step",
     "flow",
     "handler",
+    "lease_expired",
     "recover_abandoned",
     "register_gate_validator",
     "resource",

@@ -64,9 +64,10 @@ from loom.runtime._driver import Driver, StopAtBoundary
 from loom.runtime._gates import gate_validator
 from loom.runtime._handle import ExecutionHandle
 from loom.runtime._intercept import StepInterceptor, build_chain
+from loom.runtime._lease import Heartbeat
 from loom.runtime._sdk import _NOT_JSON, Flow, json_dump
 from loom.runtime.timers import TimerService, WakeOutcome
-from loom.storage import ExecutionQuery, Store, Timer, TimerStore
+from loom.storage import ExecutionQuery, LeaseStore, Store, Timer, TimerStore
 from loom.storage._common import validate_snapshot
 
 __all__ = ["ExecutionHandle", "Lease", "WorkflowRuntime"]  # ExecutionHandle is re-exported here
@@ -96,6 +97,8 @@ class WorkflowRuntime:
     ``interceptors`` wrap every step attempt, first = outermost (tracing with
     ``loom.otel.OpenTelemetryInterceptor()``, token accounting, a simulation's dry run);
     ``resources`` are shared with steps by name (``loom.resource("llm")`` inside a step).
+    With a store that keeps leases, every execution driven here holds a liveness lease renewed
+    every ``lease_ttl / 3`` seconds (``loom.lease_expired`` reads them).
     """
 
     def __init__(
@@ -108,6 +111,7 @@ class WorkflowRuntime:
         timers: bool = True,
         interceptors: Sequence[StepInterceptor] = (),
         resources: Mapping[str, Any] | None = None,
+        lease_ttl: float = 30.0,
     ) -> None:
         if store is None:
             from loom.storage import SQLiteStore
@@ -134,6 +138,12 @@ class WorkflowRuntime:
         self.interceptors: tuple[StepInterceptor, ...] = tuple(interceptors)
         self._intercept = build_chain(self.interceptors)
         self.resources: Mapping[str, Any] = MappingProxyType(dict(resources or {}))
+        if lease_ttl <= 0:
+            raise ConfigurationError("lease_ttl must be positive")
+        #: Liveness leases of the executions driven here (see ``loom.lease_expired``).
+        self.heartbeat: Heartbeat | None = (
+            Heartbeat(store, self.clock, lease_ttl) if isinstance(store, LeaseStore) else None
+        )
 
     # ------------------------------------------------------------------ registry
 
@@ -682,6 +692,8 @@ class WorkflowRuntime:
     async def _drive(self, driver: Driver, flow: Flow[Any, Any]) -> None:
         eid = driver.state.execution_id
         try:
+            if self.heartbeat is not None:
+                await self.heartbeat.begin(driver)
             outcome = await self._run_flow(driver, flow)
             if outcome is not None:
                 try:
@@ -722,8 +734,11 @@ class WorkflowRuntime:
             log.warning("execution %s stopped without an outcome: %r", eid, exc)
         finally:
             driver.done.set()
-            if self._drivers.get(eid) is driver:
+            current = self._drivers.get(eid) is driver
+            if current:
                 del self._drivers[eid]
+            if self.heartbeat is not None:
+                await self.heartbeat.end(driver, release=current)
 
     async def _run_flow(
         self, driver: Driver, flow: Flow[Any, Any]
@@ -796,6 +811,8 @@ class WorkflowRuntime:
             task.cancel()
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
+        if self.heartbeat is not None:
+            await self.heartbeat.stop()
         await self.store.close()
 
     async def __aenter__(self) -> WorkflowRuntime:

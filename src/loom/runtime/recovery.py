@@ -10,9 +10,11 @@ from typing import Any
 
 from loom.errors import ConfigurationError
 from loom.model import ExecutionState, ExecutionStatus
+from loom.runtime._clock import Clock
 from loom.runtime._runtime import ExecutionHandle, WorkflowRuntime
+from loom.storage import LeaseStore
 
-__all__ = ["RecoveryReport", "recover_abandoned"]
+__all__ = ["RecoveryReport", "lease_expired", "recover_abandoned"]
 
 log = logging.getLogger("loom.recovery")
 
@@ -41,6 +43,42 @@ class RecoveryReport:
 
 
 _LIVE = (ExecutionStatus.RUNNING, ExecutionStatus.PENDING)
+
+
+def lease_expired(
+    runtime: WorkflowRuntime, *, grace: float, clock: Clock | None = None
+) -> Callable[[ExecutionState], Awaitable[bool]]:
+    """A ready ``is_abandoned`` predicate for :func:`recover_abandoned`, from liveness leases.
+
+    Every runtime heartbeats a lease (in its store) for each execution it drives, renewed every
+    ``lease_ttl / 3`` seconds. An execution is judged abandoned when its lease expired more
+    than ``grace`` seconds ago (its holder died, or froze: a SIGSTOPped or paused process stops
+    renewing), or when it has no lease and its log has been idle for more than ``grace``
+    seconds (its holder stopped driving it, or died before its first heartbeat).
+
+    Pick ``grace`` at least ``lease_ttl`` and above the worst pause a live holder may take
+    between renewals (GC, a slow store): a holder writes its first lease one beat
+    (``lease_ttl / 3``) after it starts driving. A wrong verdict cannot corrupt the log: the
+    old holder is fenced out, though its in-flight step may run twice. Needs a store that
+    keeps leases (all of Loom's do).
+    """
+    store = runtime.store
+    if not isinstance(store, LeaseStore):
+        raise ConfigurationError(
+            f"{type(store).__name__} keeps no leases, so lease_expired cannot judge",
+            hint="Pass your own is_abandoned predicate to recover_abandoned",
+        )
+    leases: LeaseStore = store
+    now = (clock or runtime.clock).now
+
+    async def is_abandoned(state: ExecutionState) -> bool:
+        expires = await leases.lease_expiry(state.execution_id)
+        if expires is None:
+            last = state.updated_at if state.updated_at is not None else state.started_at
+            return last is None or now() > last + grace
+        return now() > expires + grace
+
+    return is_abandoned
 
 
 async def recover_abandoned(

@@ -120,6 +120,11 @@ MIGRATIONS: dict[int, tuple[Step, ...]] = {
     # One B-tree write per step is SQLite's (see loom.storage._schema); PostgreSQL's appends
     # still move the head row, whose lock is what orders them against a fence change.
     5: (),
+    # Liveness leases (see loom.storage.LeaseStore): one row per execution being driven.
+    6: (
+        'CREATE TABLE {s}.leases (execution_id text COLLATE "C" PRIMARY KEY,'
+        " holder text NOT NULL, fence bigint NOT NULL, expires_at double precision NOT NULL)",
+    ),
 }
 
 # One statement per append or take-over. The INSERT reads from the head write's RETURNING, so a
@@ -302,6 +307,9 @@ class Statements:
     summary: str
     changes: str
     last_cursor: str
+    lease_renew: str
+    lease_release: str
+    lease_expiry: str
 
     def events(self, kind: EventWriteKind, *, one: bool, index: IndexWrite = "") -> str:
         """The one statement that writes an append, a take-over or a creation."""
@@ -378,6 +386,17 @@ def statements(schema: str, *, notify: bool) -> Statements:
             "AND starts_with(execution_id, %s) ORDER BY cursor LIMIT %s"
         ),
         last_cursor=f"SELECT coalesce(max(cursor), 0) FROM {s}.executions",
+        lease_renew=(
+            f"WITH renewed AS (INSERT INTO {s}.leases (execution_id, holder, fence, expires_at) "
+            "VALUES (%s, %s, %s, %s) ON CONFLICT (execution_id) DO UPDATE SET "
+            "holder = excluded.holder, fence = excluded.fence, expires_at = excluded.expires_at "
+            f"WHERE excluded.fence >= {s}.leases.fence RETURNING 1) SELECT count(*) FROM renewed"
+        ),
+        lease_release=(
+            f"WITH gone AS (DELETE FROM {s}.leases WHERE execution_id = %s AND holder = %s "
+            "RETURNING 1) SELECT count(*) FROM gone"
+        ),
+        lease_expiry=f"SELECT expires_at FROM {s}.leases WHERE execution_id = %s",
     )
 
 

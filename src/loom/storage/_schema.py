@@ -16,10 +16,11 @@ bump here; a rung that does not apply to one dialect is an empty tuple there.
    write transaction and no longer moves ``heads.next_sequence`` (it moves only on a start, a
    take-over or a fence change; SQLite). The bump keeps an older Loom, which trusts
    ``next_sequence`` as the tail, away from a file written this way.
+6. liveness leases (``leases``: who drives an execution, under which fence, until when).
 """
 
 from __future__ import annotations
 
 __all__ = ["SCHEMA_VERSION"]
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6

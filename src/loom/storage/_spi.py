@@ -187,6 +187,33 @@ class TimerStore(Protocol):
 
 
 @runtime_checkable
+class LeaseStore(Protocol):
+    """Liveness leases: a runtime renews one for every execution it is driving.
+
+    A lease says "a live process drives this execution, under this fence, until
+    ``expires_at``". It is advisory (fencing, not the lease, keeps writes safe): it only answers
+    "is anybody alive holding it?" for :func:`loom.lease_expired`. A holder that froze (SIGSTOP,
+    a GC pause, a partition) stops renewing, so its lease runs out even though its process
+    still exists.
+    """
+
+    async def renew_lease(
+        self, execution_id: str, *, holder: str, fence: int, expires_at: float
+    ) -> bool:
+        """Create or extend the lease unless a holder with a newer fence holds it (a zombie
+        with an older fence never takes a lease back). True if the lease is now ``holder``'s."""
+        ...
+
+    async def release_lease(self, execution_id: str, *, holder: str) -> None:
+        """Drop the lease if ``holder`` still holds it (a holder that stopped driving)."""
+        ...
+
+    async def lease_expiry(self, execution_id: str) -> float | None:
+        """When the execution's lease expires (epoch seconds), or None if nobody holds one."""
+        ...
+
+
+@runtime_checkable
 class Store(EventStore, SnapshotStore, Protocol):
     """An event store that also keeps snapshots: what ``WorkflowRuntime`` needs."""
 

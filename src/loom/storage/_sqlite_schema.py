@@ -77,8 +77,14 @@ _V4: tuple[Step, ...] = (
     " PRIMARY KEY (namespace, hash)) WITHOUT ROWID",
 )
 
+# Liveness leases (see loom.storage.LeaseStore): one row per execution being driven.
+_V6: tuple[Step, ...] = (
+    "CREATE TABLE loom_leases (execution_id TEXT PRIMARY KEY, holder TEXT NOT NULL,"
+    " fence INTEGER NOT NULL, expires_at REAL NOT NULL) WITHOUT ROWID",
+)
+
 #: Steps that take a database from version N-1 to N.
-MIGRATIONS: dict[int, tuple[Step, ...]] = {1: _V1, 2: (), 3: _V3, 4: _V4, 5: ()}
+MIGRATIONS: dict[int, tuple[Step, ...]] = {1: _V1, 2: (), 3: _V3, 4: _V4, 5: (), 6: _V6}
 
 
 def _tables(conn: sqlite3.Connection) -> set[str]:

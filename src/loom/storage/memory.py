@@ -47,6 +47,8 @@ class InMemoryStore:
         self._heads: dict[str, _Head] = {}
         self._envelope_ids: set[str] = set()
         self._snapshots: dict[str, tuple[int, str]] = {}
+        #: execution id -> (holder, fence, expires_at)
+        self._leases: dict[str, tuple[str, int, float]] = {}
         self._waiters = Waiters()
         self._closed = False
         self._timers: dict[tuple[str, int], tuple[Timer, str | None, float]] = {}
@@ -290,6 +292,30 @@ class InMemoryStore:
         wanted = check_hashes(hashes)
         with self._lock:
             return {h: self._blobs[(namespace, h)] for h in wanted if (namespace, h) in self._blobs}
+
+    # ---------------------------------------------------------------- LeaseStore
+
+    async def renew_lease(
+        self, execution_id: str, *, holder: str, fence: int, expires_at: float
+    ) -> bool:
+        self._check_open()
+        with self._lock:
+            held = self._leases.get(execution_id)
+            if held is not None and held[1] > fence:
+                return False
+            self._leases[execution_id] = (holder, fence, expires_at)
+            return True
+
+    async def release_lease(self, execution_id: str, *, holder: str) -> None:
+        with self._lock:
+            held = self._leases.get(execution_id)
+            if held is not None and held[0] == holder:
+                del self._leases[execution_id]
+
+    async def lease_expiry(self, execution_id: str) -> float | None:
+        with self._lock:
+            held = self._leases.get(execution_id)
+        return None if held is None else held[2]
 
     async def close(self) -> None:
         self._closed = True

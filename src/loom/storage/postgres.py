@@ -694,6 +694,31 @@ class PostgresStore:
         rows = await self._fetch(self._sql.timer_next, (prefix,))
         return None if not rows or rows[0][0] is None else float(rows[0][0])
 
+    # ---------------------------------------------------------------- LeaseStore
+
+    async def renew_lease(
+        self, execution_id: str, *, holder: str, fence: int, expires_at: float
+    ) -> bool:
+        """See :meth:`loom.storage.LeaseStore.renew_lease`."""
+        _storable(execution_id, "execution id")
+        _storable(holder, "lease holder")
+        params = (execution_id, holder, fence, expires_at)
+        renewed = await self._write("timer", execution_id, self._sql.lease_renew, params)
+        return bool(renewed)
+
+    async def release_lease(self, execution_id: str, *, holder: str) -> None:
+        """See :meth:`loom.storage.LeaseStore.release_lease`."""
+        if _storable_text(execution_id) and _storable_text(holder):
+            sql = self._sql.lease_release
+            await self._write("timer", execution_id, sql, (execution_id, holder))
+
+    async def lease_expiry(self, execution_id: str) -> float | None:
+        """See :meth:`loom.storage.LeaseStore.lease_expiry`."""
+        if not _storable_text(execution_id):
+            return None
+        rows = await self._fetch(self._sql.lease_expiry, (execution_id,))
+        return None if not rows else float(rows[0][0])
+
     async def _write(self, kind: WriteKind, execution_id: str, sql: str, params: Any) -> Any:
         """Commit one statement through the group commit; its one row's count is the result."""
         self._writable()

@@ -878,6 +878,41 @@ class SQLiteStore:
         result: list[Timer] = await self._submit(apply, None)
         return result
 
+    # ---------------------------------------------------------------- LeaseStore
+
+    async def renew_lease(
+        self, execution_id: str, *, holder: str, fence: int, expires_at: float
+    ) -> bool:
+        def apply(conn: sqlite3.Connection) -> bool:
+            changed = conn.execute(
+                "INSERT INTO loom_leases (execution_id, holder, fence, expires_at) "
+                "VALUES (?, ?, ?, ?) ON CONFLICT (execution_id) DO UPDATE SET "
+                "holder = excluded.holder, fence = excluded.fence, "
+                "expires_at = excluded.expires_at WHERE excluded.fence >= loom_leases.fence",
+                (execution_id, holder, fence, expires_at),
+            ).rowcount
+            return bool(changed)
+
+        result: bool = await self._submit(apply, None)
+        return result
+
+    async def release_lease(self, execution_id: str, *, holder: str) -> None:
+        def apply(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                "DELETE FROM loom_leases WHERE execution_id = ? AND holder = ?",
+                (execution_id, holder),
+            )
+
+        await self._submit(apply, None)
+
+    async def lease_expiry(self, execution_id: str) -> float | None:
+        row = (
+            self._reader()
+            .execute("SELECT expires_at FROM loom_leases WHERE execution_id = ?", (execution_id,))
+            .fetchone()
+        )
+        return None if row is None else float(row[0])
+
     async def complete_timer(self, timer: Timer) -> None:
         def apply(conn: sqlite3.Connection) -> None:
             conn.execute(

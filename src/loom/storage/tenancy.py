@@ -50,6 +50,7 @@ from loom.storage._spi import (
     ExecutionIndex,
     ExecutionPage,
     ExecutionQuery,
+    LeaseStore,
     Snapshot,
     SnapshotStore,
     Timer,
@@ -342,6 +343,34 @@ class TenantScopedEventStore:
         if snap is None:
             return None
         return Snapshot(execution_id, snap.sequence, snap.state)
+
+    # ---------------------------------------------------------------- LeaseStore
+
+    def _lease_store(self) -> LeaseStore:
+        if not isinstance(self.store, LeaseStore):
+            raise ConfigurationError(f"{type(self.store).__name__} keeps no leases")
+        return self.store
+
+    async def renew_lease(
+        self, execution_id: str, *, holder: str, fence: int, expires_at: float
+    ) -> bool:
+        """Renew the lease of the tenant's execution."""
+        self._check_open()
+        return await self._call(
+            self._lease_store().renew_lease(
+                self._scope(execution_id), holder=holder, fence=fence, expires_at=expires_at
+            )
+        )
+
+    async def release_lease(self, execution_id: str, *, holder: str) -> None:
+        """Release the lease of the tenant's execution."""
+        await self._call(
+            self._lease_store().release_lease(self._scope(execution_id), holder=holder)
+        )
+
+    async def lease_expiry(self, execution_id: str) -> float | None:
+        """When the lease of the tenant's execution expires."""
+        return await self._call(self._lease_store().lease_expiry(self._scope(execution_id)))
 
     # ---------------------------------------------------------------- TimerStore
 
