@@ -1106,13 +1106,13 @@ def test_cli_refuses_to_serve_without_authentication(monkeypatch: pytest.MonkeyP
     monkeypatch.delenv("LOOM_WORKER_GOOGLE_AUDIENCE", raising=False)
     monkeypatch.delenv("LOOM_WORKER_NO_AUTH", raising=False)
     result = runner.invoke(worker_app, ["serve", "--app", "tests.http_flows:make_runtime"])
-    assert result.exit_code == 2 and "needs authentication" in result.output
+    assert result.exit_code == 1 and "needs authentication" in result.output
     monkeypatch.delenv("LOOM_TEST_UNSET_TOKEN", raising=False)
     result = runner.invoke(
         worker_app,
         ["serve", "--app", "tests.http_flows:make_runtime", "--token-env", "LOOM_TEST_UNSET_TOKEN"],
     )
-    assert result.exit_code == 2 and "LOOM_TEST_UNSET_TOKEN is not set" in result.output
+    assert result.exit_code == 1 and "LOOM_TEST_UNSET_TOKEN is not set" in result.output
 
 
 async def test_cli_builds_authenticators_and_loads_runtimes(

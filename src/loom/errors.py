@@ -223,7 +223,10 @@ class ExecutionAlreadyExistsError(LoomError):
     """A start lost the sequence-0 race: another holder started this execution id first."""
 
     code = "execution_exists"
-    default_hint = "Await the existing execution by id (load_state) or pick another execution id"
+    default_hint = (
+        "Await the existing execution with runtime.handle(id).result(), start with "
+        "if_exists='attach', or pick another execution id"
+    )
 
 
 class InvalidInputError(LoomError):

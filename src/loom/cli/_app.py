@@ -1,156 +1,157 @@
-"""``loom``: run the demo, list and inspect executions, decide gates, cancel and recover."""
+"""``loom``: start, list, inspect, decide, cancel and recover executions; serve a node; demo.
+
+One module per command group, each registering on :data:`app`: ``_exec`` (executions),
+``_serve`` (a long-running node), ``_worker`` (the HTTP worker), and any later group (e.g. a
+console). Every command reports errors through :mod:`loom.cli._common`: one line on stderr,
+``--json`` errors as JSON on stdout, exit code 1.
+"""
 
 from __future__ import annotations
 
-import asyncio
-import importlib
-import json
+import io
 import os
-import shutil
-from collections.abc import Awaitable, Callable
+import sys
+import tempfile
+import traceback
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 
 import loom
-from loom.cli._render import render_state, render_timeline, timeline_rows
+from loom.cli import _common
+from loom.cli._common import EXIT_ERROR, JsonOption, print_json, run, setup_logging
+from loom.cli._render import render_state, render_timeline
 from loom.errors import ConfigurationError, LoomError
-from loom.model import decode_json
 from loom.runtime import Flow, WorkflowRuntime
 from loom.storage import SQLiteStore
 
 app = typer.Typer(
-    help="Loom: durable execution for agent and workflow code.",
+    help="Loom: durable execution for agent and workflow code. Docs: docs/cli.md.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    rich_markup_mode=None,
 )
-console = Console(highlight=False)
 
 
-def _add_worker_commands() -> None:
-    from loom.cli._worker import worker_app
-
-    app.add_typer(worker_app, name="worker")
-
-
-_add_worker_commands()
-T = TypeVar("T")
-
-DbOption = Annotated[
-    str,
-    typer.Option("--db", envvar="LOOM_DB", help="SQLite file of the store."),
-]
-JsonOption = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
-AppOption = Annotated[
-    str | None,
-    typer.Option(
-        "--app",
-        envvar="LOOM_APP",
-        help="module:attribute holding your flows (a Flow, a list of flows or a "
-        "WorkflowRuntime). Default: the demo's flows.",
-    ),
-]
-
-
-def _run(coro_fn: Callable[[], Awaitable[T]], as_json: bool) -> T:
+def _version() -> str:
     try:
-        return asyncio.run(coro_fn())  # type: ignore[arg-type]
+        return version("loom-runtime")
+    except PackageNotFoundError:  # pragma: no cover - running from a source tree
+        return "unknown"
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        print(f"loom {_version()} (Python {sys.version.split()[0]})")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    show_version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            "-V",
+            help="Print the version and exit.",
+            callback=_show_version,
+            is_eager=True,
+        ),
+    ] = False,
+    log_level: Annotated[
+        str | None,
+        typer.Option(
+            "--log-level",
+            envvar="LOOM_LOG_LEVEL",
+            help="Log level of loom.* records on stderr (default WARNING; `serve`: INFO).",
+            show_default=False,
+        ),
+    ] = None,
+) -> None:
+    """Loom: durable execution for agent and workflow code."""
+    try:
+        setup_logging(log_level)
     except LoomError as exc:
-        if as_json:
-            print(json.dumps({"error": exc.to_dict()}))
-        else:
-            console.print(f"[red]error:[/] {exc}")
-        raise typer.Exit(1) from None
-
-
-def load_flows(spec: str | None) -> list[Flow[Any, Any]]:
-    """Resolve ``module:attribute`` to the flows it holds."""
-    if not spec:
-        from loom.cli._demo import FLOWS
-
-        return list(FLOWS)
-    module_name, _, attr = spec.partition(":")
-    if not attr:
-        raise ConfigurationError(f"--app must look like module:attribute, not {spec!r}")
-    try:
-        target: Any = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigurationError(f"cannot load --app {spec!r}: {exc}") from exc
-    if isinstance(target, WorkflowRuntime):
-        return target.flows
-    if isinstance(target, Flow):
-        return [target]
-    if isinstance(target, (list, tuple)) and all(isinstance(f, Flow) for f in target):
-        return list(target)
-    raise ConfigurationError(f"--app {spec!r} is not a Flow, a list of flows or a WorkflowRuntime")
-
-
-def _runtime(db: str, flows: list[Flow[Any, Any]] | None = None) -> WorkflowRuntime:
-    # A CLI process lives for one command: it must not claim other executions' due timers and
-    # then exit halfway through waking them. Long-lived runtimes (workers) fire timers.
-    runtime = WorkflowRuntime(SQLiteStore(db), timers=False)
-    if flows:
-        runtime.register(*flows)
-    return runtime
+        _common.fail(exc, "--json" in sys.argv)
 
 
 @app.command()
 def demo(
-    db: Annotated[str, typer.Option("--db", help="Where the demo keeps its store.")] = (
-        ".loom-demo/loom.db"
-    ),
+    db: Annotated[
+        str | None,
+        typer.Option(
+            "--db",
+            help="Where the demo keeps its store (default: a new temporary directory).",
+            show_default=False,
+        ),
+    ] = None,
     table: Annotated[str, typer.Option(help="The table the migration touches.")] = "orders",
+    as_json: JsonOption = False,
 ) -> None:
     """Run the schema-migration guard: crash mid-flight, recover, approve, show the log."""
     from loom.cli import _demo
+    from loom.cli._exec import command_runtime
 
+    if db is None:
+        db = str(Path(tempfile.mkdtemp(prefix="loom-demo-")) / "loom.db")
     workdir = Path(db).parent
-    if workdir.exists() and workdir.name == ".loom-demo":
-        shutil.rmtree(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
+    if Path(db).exists():
+        raise_exit = ConfigurationError(
+            f"{db} exists already; the demo starts from an empty store",
+            hint="Pass another --db, or remove it",
+        )
+        _common.fail(raise_exit, as_json)
     ledger = str(workdir / "effects.db")
     os.environ["LOOM_DEMO_LEDGER"] = ledger
     eid = f"mig-{table}"
+    out = Console(file=io.StringIO()) if as_json else _common.console
 
-    console.rule("[bold]Loom demo: schema-migration guard")
-    console.print(
+    out.rule("[bold]Loom demo: schema-migration guard")
+    out.print(
         f"store: SQLite file [cyan]{db}[/] (WAL, synchronous=FULL). Flow: inspect -> "
         "assess-risk -> [yellow]approval gate[/] -> apply.\n"
     )
-    console.print(
+    out.print(
         "[bold]1.[/] A worker process starts the execution. It is armed to SIGKILL itself "
         "after [cyan]assess-risk[/]'s effect runs but before its result is recorded."
     )
     code = _demo.run_worker_process(db, eid, table, ledger)
     if code != _demo.KILLED:
-        console.print(f"[red]the worker was expected to die by SIGKILL, it exited {code}[/]")
-        raise typer.Exit(1)
-    console.print(f"   worker died (exit {code}, SIGKILL). What the log holds now:")
+        _common.fail(
+            LoomError(f"the worker was expected to die by SIGKILL, it exited {code}"), as_json
+        )
+    out.print(f"   worker died (exit {code}, SIGKILL). What the log holds now:")
+    summary: dict[str, object] = {"db": db, "execution_id": eid}
 
     async def after_crash() -> None:
-        async with _runtime(db, [_demo.migration_guard]) as rt:
-            render_timeline(console, await rt.store.read(eid), f"{eid} after the crash")
+        async with command_runtime(
+            store=None, db=db, app_spec=None, mode="write", command="demo"
+        ) as (rt, _):
+            rt.register(_demo.migration_guard)
+            render_timeline(out, await rt.store.read(eid), f"{eid} after the crash")
             counts = _demo.effect_counts(ledger, eid)
-            console.print(f"   effects so far: {counts}\n")
-            console.print(
+            out.print(f"   effects so far: {counts}\n")
+            out.print(
                 "[bold]2.[/] This fresh process recovers it: [cyan]runtime.recover()[/] "
                 "replays the log, serves [cyan]inspect[/] from it, re-runs only the interrupted "
                 "step, and stops at the durable gate."
             )
             handle = await rt.recover(eid)
             state = await handle.wait_for_suspend(timeout=30)
-            render_state(console, state)
-            console.print(
-                "\n[bold]3.[/] A malformed approval is refused before anything is recorded:"
-            )
+            render_state(out, state)
+            out.print("\n[bold]3.[/] A malformed approval is refused before anything is recorded:")
             try:
                 await rt.resume(eid, "ApprovalGranted", {"approved": "yes please"})
             except loom.ResumeValidationError as exc:
-                console.print(f"   [red]refused:[/] {exc.message}")
-            console.print(
+                out.print(f"   [red]refused:[/] {exc.message}")
+                summary["refused"] = exc.message
+            out.print(
                 "\n[bold]4.[/] The DBA approves (the same as "
                 f"[cyan]loom resume {eid} ApprovalGranted --data "
                 '\'{"approved": true, "approved_by": "dba"}\'[/]):'
@@ -159,13 +160,15 @@ def demo(
                 eid, "ApprovalGranted", {"approved": True, "approved_by": "dba@example.com"}
             )
             result = await done.result(timeout=30)
-            console.print(f"   result: [green]{result}[/]\n")
-            render_timeline(console, await rt.store.read(eid), f"{eid}: the full timeline")
+            summary["result"] = result
+            out.print(f"   result: [green]{result}[/]\n")
+            render_timeline(out, await rt.store.read(eid), f"{eid}: the full timeline")
             counts = _demo.effect_counts(ledger, eid)
-            console.print(f"effects: {counts}")
+            summary["effects"] = counts
+            out.print(f"effects: {counts}")
             if counts != {"inspect": 1, "assess-risk": 2, "apply": 1}:
                 raise LoomError(f"unexpected effect counts {counts}")
-            console.print(
+            out.print(
                 "[green]inspect ran once[/] (committed before the crash, never re-run); "
                 "[yellow]assess-risk ran twice[/] (it was the step in flight when the worker "
                 "died: the one at-least-once re-run Loom allows); apply ran once.\n"
@@ -173,183 +176,73 @@ def demo(
                 f"(add [cyan]--at 3[/] for the state as of sequence 3)"
             )
 
-    _run(after_crash, False)
-
-
-@app.command()
-def executions(
-    db: DbOption = "loom.db",
-    store: Annotated[
-        str | None,
-        typer.Option(
-            "--store",
-            envvar="LOOM_STORE",
-            help="Store URL: sqlite:///path or postgresql://user@host/db[?schema=loom] "
-            "(overrides --db).",
-        ),
-    ] = None,
-    status: Annotated[
-        list[str] | None, typer.Option("--status", help="Only these statuses (repeatable).")
-    ] = None,
-    flow: Annotated[str | None, typer.Option("--flow", help="Only this flow id.")] = None,
-    limit: Annotated[int, typer.Option("--limit", help="At most this many rows.")] = 100,
-    as_json: JsonOption = False,
-) -> None:
-    """List executions (newest first) from the store's index; reads never write."""
-    from loom.storage import ExecutionQuery, open_store
-    from loom.views import ExecutionViews
-
-    where = store or db
-    query = ExecutionQuery(statuses=status or None, flow_id=flow, limit=limit)
-
-    async def go() -> list[loom.model.ExecutionSummary]:
-        opened = await open_store(where, read_only=True)
-        try:
-            return (await ExecutionViews(opened).list(query)).items
-        finally:
-            await opened.close()
-
-    rows = _run(go, as_json)
+    run(after_crash, as_json)
     if as_json:
-        print(json.dumps([s.to_dict() for s in rows]))
-        return
-    if not rows:
-        console.print(f"no executions in {where}")
-        return
-    from rich.table import Table
-
-    table = Table()
-    for col in ("execution", "flow", "version", "status", "waiting for"):
-        table.add_column(col)
-    for s in rows:
-        table.add_row(
-            s.execution_id, s.flow_id, s.flow_version, s.status.value, s.waiting_for or ""
-        )
-    console.print(table)
+        print_json(summary)
 
 
-@app.command()
-def show(
-    execution_id: str,
-    db: DbOption = "loom.db",
-    at: Annotated[int | None, typer.Option("--at", help="State as of this sequence.")] = None,
-    as_json: JsonOption = False,
-) -> None:
-    """Show an execution's timeline and folded state (at any sequence with --at)."""
+def load_flows(spec: str | None) -> list[Flow[Any, Any]]:
+    """The flows ``--app`` names (a Flow, a list of flows, a WorkflowRuntime), imported now;
+    for command groups that run flows inside their own runtime (``loom approve``)."""
+    from loom.cli._load import import_target, require_app
 
-    async def go() -> tuple[list[loom.Envelope], loom.ExecutionState]:
-        async with _runtime(db) as rt:
-            state = await rt.load_state(execution_id, at_sequence=at)
-            if state is None:
-                raise loom.ExecutionNotFoundError(
-                    f"no execution {execution_id!r} in {db}", execution_id=execution_id
-                )
-            envelopes = await rt.store.read(execution_id)
-            if at is not None:
-                envelopes = [e for e in envelopes if e.sequence <= at]
-            return envelopes, state
-
-    envelopes, state = _run(go, as_json)
-    if as_json:
-        print(json.dumps({"state": state.to_dict(), "timeline": timeline_rows(envelopes)}))
-        return
-    title = f"{execution_id}" + (f" up to sequence {at}" if at is not None else "")
-    render_timeline(console, envelopes, title)
-    render_state(console, state)
+    target = import_target(require_app(spec, "this command"))
+    if isinstance(target, WorkflowRuntime):
+        return target.flows
+    if isinstance(target, Flow):
+        return [target]
+    if isinstance(target, (list, tuple)) and target and all(isinstance(f, Flow) for f in target):
+        return list(target)
+    raise ConfigurationError(
+        f"--app {spec!r} is a {type(target).__name__}, not a Flow, a list of flows or a "
+        "WorkflowRuntime"
+    )
 
 
-@app.command()
-def resume(
-    execution_id: str,
-    event: str,
-    data: Annotated[str, typer.Option("--data", help="The decision, as JSON.")] = "null",
-    db: DbOption = "loom.db",
-    flows_app: AppOption = None,
-    as_json: JsonOption = False,
-    position: Annotated[
-        int | None,
-        typer.Option(
-            "--position",
-            help="The gate position the decision is for (see `loom show`); refused if the "
-            "execution waits at another gate.",
-        ),
-    ] = None,
-) -> None:
-    """Deliver a gate's decision and run the execution until it suspends again or ends."""
-    try:
-        payload = decode_json(data)
-    except loom.errors.PayloadError as exc:
-        err = loom.errors.PayloadError(
-            f"--data is not acceptable JSON: {exc.message}",
-            execution_id=execution_id,
-            hint="Nothing was recorded",
-        )
-        if as_json:
-            print(json.dumps({"error": err.to_dict()}))
-        else:
-            console.print(f"[red]error:[/] {err}")
-        raise typer.Exit(1) from None
+def _runtime(db: str, flows: list[Flow[Any, Any]] | None = None) -> WorkflowRuntime:
+    """A short-lived command runtime over an existing SQLite Loom database (never created
+    here), its timers off (``loom serve`` fires timers)."""
+    from loom.cli._store import _check_sqlite
 
-    async def go() -> loom.ExecutionState:
-        async with _runtime(db, load_flows(flows_app)) as rt:
-            handle = await rt.resume(execution_id, event, payload, position=position)
-            return await handle.settled()
-
-    state = _run(go, as_json)
-    if as_json:
-        print(json.dumps(state.to_dict()))
-    else:
-        render_state(console, state)
+    _check_sqlite(db, "write")
+    runtime = WorkflowRuntime(SQLiteStore(db), timers=False)
+    if flows:
+        runtime.register(*flows)
+    return runtime
 
 
-@app.command()
-def cancel(
-    execution_id: str,
-    reason: Annotated[str | None, typer.Option(help="Recorded with the cancellation.")] = None,
-    db: DbOption = "loom.db",
-    as_json: JsonOption = False,
-) -> None:
-    """Cancel an execution (its holder is fenced out; no later step runs)."""
+def _register_groups() -> None:
+    from loom.cli import _agents, _exec, _serve
+    from loom.cli._worker import worker_app
 
-    async def go() -> loom.ExecutionState:
-        async with _runtime(db) as rt:
-            return await rt.cancel(execution_id, reason=reason)
-
-    state = _run(go, as_json)
-    if as_json:
-        print(json.dumps(state.to_dict()))
-    else:
-        render_state(console, state)
+    _exec.register(app)
+    _serve.register(app)
+    app.add_typer(worker_app, name="worker")
+    _agents.register(app)  # loom approve / loom reject
 
 
-@app.command()
-def recover(
-    execution_id: str,
-    db: DbOption = "loom.db",
-    flows_app: AppOption = None,
-    as_json: JsonOption = False,
-) -> None:
-    """Continue an execution left running by a dead process."""
-
-    async def go() -> loom.ExecutionState:
-        async with _runtime(db, load_flows(flows_app)) as rt:
-            return await (await rt.recover(execution_id)).settled()
-
-    state = _run(go, as_json)
-    if as_json:
-        print(json.dumps(state.to_dict()))
-    else:
-        render_state(console, state)
-
-
-def _add_agent_commands() -> None:
-    from loom.cli import _agents
-
-    _agents.register(app)
-
-
-_add_agent_commands()
+_register_groups()
 
 
 def main() -> None:
-    app()
+    """The ``loom`` entry point: every error is one line (a traceback only with
+    ``LOOM_DEBUG=1``, for bugs in Loom itself)."""
+    try:
+        app()
+    except SystemExit:
+        raise
+    except LoomError as exc:
+        _common.fail_outside_click(exc, "--json" in sys.argv)
+    except KeyboardInterrupt:
+        sys.exit(_common.EXIT_INTERRUPTED)
+    except Exception as exc:
+        if os.environ.get("LOOM_DEBUG"):
+            traceback.print_exc()
+        _common.fail_outside_click(
+            LoomError(
+                f"internal error: {type(exc).__name__}: {exc}",
+                hint="This is a bug in Loom; LOOM_DEBUG=1 prints the traceback for a report",
+            ),
+            "--json" in sys.argv,
+        )
+    sys.exit(EXIT_ERROR)  # pragma: no cover - fail_outside_click exits

@@ -10,8 +10,9 @@ from rich.console import Console
 from rich.table import Table
 
 from loom.model import Envelope, ExecutionState
+from loom.runtime._context import TIMER_EVENT
 
-__all__ = ["render_state", "render_timeline", "summarize", "timeline_rows"]
+__all__ = ["render_state", "render_timeline", "summarize", "timeline_rows", "when_iso"]
 
 
 def _short(value: Any, limit: int = 70) -> str:
@@ -35,8 +36,18 @@ def summarize(env: Envelope) -> str:
             return f"{head} {err.get('type')}: {err.get('message')} [{final}]"
         return head
     if t == "EXECUTION_SUSPENDED":
+        if p.get("event_type") == TIMER_EVENT:
+            return f"#{p.get('position')} sleeping; wakes at {when_iso(p.get('timeout_at'))}"
         key = f" key={p.get('correlation_key')}" if p.get("correlation_key") else ""
-        return f"#{p.get('position')} waiting for {p.get('event_type')}{key}"
+        due = f", times out at {when_iso(p['timeout_at'])}" if p.get("timeout_at") else ""
+        return f"#{p.get('position')} waiting for {p.get('event_type')}{key}{due}"
+    if t == "TIMER_SCHEDULED":
+        return f"#{p.get('position')} {p.get('name')} wakes at {when_iso(p.get('fire_at'))}"
+    if t == "TIMER_FIRED":
+        what = "gate timed out" if p.get("timed_out") else "woke"
+        return f"#{p.get('position')} {what}"
+    if t == "EXECUTION_CANCELLED":
+        return f"reason: {p['reason']}" if p.get("reason") else "no reason given"
     if t == "EXECUTION_RESUMED":
         return f"#{p.get('position')} {p.get('event_type')} {_short(p.get('payload'), 50)}"
     if t == "UI_PATCHED":
@@ -51,8 +62,12 @@ def summarize(env: Envelope) -> str:
     return _short(dict(p))
 
 
-def _when(ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).strftime("%H:%M:%S.%f")[:-3]
+def when_iso(ts: Any) -> str:
+    """An epoch as an ISO-8601 UTC date-time (a date always: a 24 h timeout must not look
+    expired)."""
+    if not isinstance(ts, (int, float)):
+        return "?"
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def timeline_rows(envelopes: list[Envelope]) -> list[dict[str, Any]]:
@@ -61,6 +76,7 @@ def timeline_rows(envelopes: list[Envelope]) -> list[dict[str, Any]]:
             "sequence": e.sequence,
             "type": str(e.type),
             "recorded_at": e.recorded_at,
+            "recorded_at_iso": when_iso(e.recorded_at),
             "fence": e.fence,
             "summary": summarize(e),
             "payload": dict(e.payload),
@@ -72,7 +88,7 @@ def timeline_rows(envelopes: list[Envelope]) -> list[dict[str, Any]]:
 def render_timeline(console: Console, envelopes: list[Envelope], title: str) -> None:
     table = Table(title=title, title_justify="left", show_lines=False)
     table.add_column("seq", justify="right")
-    table.add_column("time (UTC)")
+    table.add_column("recorded at (UTC)", no_wrap=True)
     table.add_column("fence", justify="right")
     table.add_column("event")
     table.add_column("detail", overflow="fold")
@@ -87,7 +103,7 @@ def render_timeline(console: Console, envelopes: list[Envelope], title: str) -> 
     for e in envelopes:
         table.add_row(
             str(e.sequence),
-            _when(e.recorded_at),
+            when_iso(e.recorded_at),
             str(e.fence),
             f"[{styles.get(str(e.type), 'cyan')}]{e.type!s}[/]",
             summarize(e),
@@ -102,12 +118,17 @@ def render_state(console: Console, state: ExecutionState) -> None:
         f"status [{colour.get(state.status.value, 'blue')}]{state.status.value}[/]  "
         f"at sequence {state.last_sequence}  steps completed {state.completed_steps}"
     )
-    if state.waiting:
+    if state.waiting and state.waiting.event_type == TIMER_EVENT:
+        console.print(
+            f"  sleeping; wakes at [yellow]{when_iso(state.waiting.timeout_at)}[/] "
+            "(woken by `loom serve`, `loom recover` or any open runtime on this store)"
+        )
+    elif state.waiting:
         w = state.waiting
         console.print(
             f"  waiting for [yellow]{w.event_type}[/]"
             + (f" (key {w.correlation_key})" if w.correlation_key else "")
-            + (f", times out {_when(w.timeout_at)} UTC" if w.timeout_at else "")
+            + (f", times out at {when_iso(w.timeout_at)}" if w.timeout_at else "")
         )
     if state.ui:
         console.print(f"  ui: {_short(state.ui, 200)}")
@@ -115,5 +136,7 @@ def render_state(console: Console, state: ExecutionState) -> None:
         console.print(f"  output: {_short(state.output, 200)}")
     if state.error:
         console.print(f"  [red]error: {state.error.get('type')}: {state.error.get('message')}[/]")
+    if state.status.value == "cancelled":
+        console.print(f"  cancel reason: {state.cancel_reason or '(none given)'}")
     if state.recoveries:
         console.print(f"  recovered {state.recoveries} time(s)")

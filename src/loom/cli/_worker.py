@@ -6,8 +6,6 @@ Wired into the main CLI as ``loom worker``; also runnable as ``python -m loom.cl
 from __future__ import annotations
 
 import asyncio
-import importlib
-import inspect
 import json
 import logging
 import os
@@ -15,10 +13,11 @@ import socket
 import sys
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from loom.cli._common import fail
 from loom.errors import ConfigurationError, LoomError
 from loom.runtime import WorkflowRuntime
 
@@ -44,23 +43,14 @@ def _group() -> None:
 
 async def load_runtime(spec: str) -> WorkflowRuntime:
     """Resolve ``module:attribute`` to a WorkflowRuntime: the instance itself, or a zero-argument
-    callable (sync or async) returning one, called inside the server's event loop."""
-    module_name, _, attr = spec.partition(":")
-    if not module_name or not attr:
-        raise ConfigurationError(f"--app must look like module:attribute, not {spec!r}")
-    try:
-        target: Any = importlib.import_module(module_name)
-        for part in attr.split("."):
-            target = getattr(target, part)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigurationError(f"cannot load --app {spec!r}: {exc}") from exc
-    if not isinstance(target, WorkflowRuntime) and callable(target):
-        target = target()
-        if inspect.isawaitable(target):
-            target = await target
+    Python function (sync or async) returning one, called inside the server's event loop.
+    Builtins are never called (``--app os:system`` is refused)."""
+    from loom.cli._load import call_factory, import_target
+
+    target = await call_factory(spec, import_target(spec))
     if not isinstance(target, WorkflowRuntime):
         raise ConfigurationError(
-            f"--app {spec!r} is not a WorkflowRuntime (nor a factory returning one)",
+            f"--app {spec!r} is not a WorkflowRuntime (nor a function returning one)",
             hint="Point it at the runtime that registers your flows, e.g. myapp.worker:runtime",
         )
     if not target.flows:
@@ -176,6 +166,13 @@ async def _serve(
 
         async def startup(self, sockets: list[socket.socket] | None = None) -> None:
             await super().startup(sockets)
+            if not self.should_exit:
+                log.info(
+                    "worker serving flows %s on http://%s:%d (POST /execute)",
+                    ", ".join(sorted({f.id for f in runtime.flows})),
+                    host,
+                    bound_port,
+                )
             if port_file is not None and not self.should_exit:
                 # Written only once serving: a supervisor waiting for it can connect at once.
                 tmp = port_file.with_name(port_file.name + ".tmp")
@@ -191,7 +188,7 @@ async def _serve(
         # Longer than the drain: at the drain deadline our handlers answer 503 themselves,
         # so uvicorn never has to cancel a request mid-answer.
         timeout_graceful_shutdown=int(drain_timeout) + 2,
-        access_log=log_level == "debug",
+        access_log=True,  # one line per request (uvicorn.access, at INFO)
     )
     server = _Server(config)
     try:
@@ -276,11 +273,15 @@ def serve(
     log_level: Annotated[
         str, typer.Option("--log-level", envvar="LOOM_LOG_LEVEL", help="Log level.")
     ] = "info",
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Errors as JSON on stdout.", show_default=False)
+    ] = False,
 ) -> None:
     """Serve the flows of --app on POST /execute (plus /healthz, /readyz, /inflight)."""
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    logging.getLogger("loom").setLevel(log_level.upper())
     try:
         auth = build_authenticator(
             token_env=token_env,
@@ -301,9 +302,10 @@ def serve(
                 log_level=log_level.lower(),
             )
         )
-    except (LoomError, OSError) as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(2) from None
+    except LoomError as exc:
+        fail(exc, as_json)
+    except OSError as exc:
+        fail(ConfigurationError(f"cannot serve on {host}:{port}: {exc}"), as_json)
 
 
 if __name__ == "__main__":  # pragma: no cover - exercised by the end-to-end tests

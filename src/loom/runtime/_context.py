@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import logging
 import traceback
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime, timedelta
@@ -39,6 +40,8 @@ from loom.runtime._driver import Driver
 from loom.runtime._intercept import StepCall
 from loom.runtime._sdk import Flow, Step, StepInfo, _current_step, _seconds
 from loom.storage import Timer
+
+log = logging.getLogger("loom.steps")
 
 #: The event type of a durable sleep's wait (what a timer wake resumes).
 TIMER_EVENT = "loom.timer"
@@ -262,6 +265,17 @@ class WorkflowContext:
         driver = self._driver
         final = not step.retry.should_retry(exc, attempt) or isinstance(exc, PayloadError)
         record = error_record(exc)
+        log.warning(
+            "execution %s: step %r at position %d failed (attempt %d, %s): %s: %s",
+            self.execution_id,
+            step.id,
+            pos,
+            attempt,
+            "final" if final else "will retry",
+            type(exc).__name__,
+            exc,
+            extra={"execution_id": self.execution_id, "step_id": step.id, "position": pos},
+        )
         await driver.append([StepFailed(pos, step.id, attempt, record, final)])
         if final:
             raise self._step_failed(step, pos, attempt, record) from exc

@@ -8,7 +8,7 @@ import os
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType, TracebackType
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import pydantic
 import pydantic_core
@@ -18,6 +18,7 @@ from loom.errors import (
     ConfigurationError,
     CorruptEventError,
     DuplicateSequenceError,
+    ExecutionAlreadyExistsError,
     ExecutionNotFoundError,
     ExecutionSupersededError,
     FlowNotFoundError,
@@ -65,7 +66,7 @@ from loom.runtime._gates import gate_validator
 from loom.runtime._handle import ExecutionHandle
 from loom.runtime._intercept import StepInterceptor, build_chain
 from loom.runtime._lease import Heartbeat
-from loom.runtime._sdk import _NOT_JSON, Flow, json_dump
+from loom.runtime._sdk import _NOT_JSON, Flow, _current_flow, json_dump
 from loom.runtime.timers import TimerService, WakeOutcome
 from loom.storage import ExecutionQuery, LeaseStore, Store, Timer, TimerStore
 from loom.storage._common import validate_snapshot
@@ -92,8 +93,9 @@ class WorkflowRuntime:
 
     ``store`` defaults to ``SQLiteStore($LOOM_DB or "loom.db")``. ``snapshot_every`` is the
     number of events between snapshots (loading reads the newest snapshot plus the tail).
-    With ``timers=True`` (the default) the runtime fires due timers of its store itself once it
-    is in use; pass ``timers=False`` where a separate :class:`TimerService` does that.
+    With ``timers=True`` (the default) the runtime fires due timers of its store (its own and
+    any other process's, each once) from the moment it is open: entered with ``async with``,
+    or first used; pass ``timers=False`` where a separate :class:`TimerService` does that.
     ``interceptors`` wrap every step attempt, first = outermost (tracing with
     ``loom.otel.OpenTelemetryInterceptor()``, token accounting, a simulation's dry run);
     ``resources`` are shared with steps by name (``loom.resource("llm")`` inside a step).
@@ -259,16 +261,52 @@ class WorkflowRuntime:
         holder: Lease | None = None,
         metadata: dict[str, Any] | None = None,
         flow_version: str | None = None,
+        if_exists: Literal["error", "attach"] = "error",
     ) -> ExecutionHandle[OutputT]:
         """Start an execution and return once its start is durable (the flow runs on).
 
         Raises :class:`InvalidInputError` (nothing stored) for bad input,
-        :class:`ExecutionAlreadyExistsError` if ``execution_id`` exists.
+        :class:`ExecutionAlreadyExistsError` if ``execution_id`` exists, unless
+        ``if_exists="attach"``: then the handle is the existing execution's (of the same flow),
+        so a start retried with the same id executes once.
         ``holder`` starts under a lease the caller already holds (a worker's allocation);
         without one, the start takes the first fence itself in the same write as sequence 0.
         """
         self._check_open()
         self._ensure_timers()
+        if if_exists not in ("error", "attach"):
+            raise ConfigurationError(f"if_exists must be 'error' or 'attach', not {if_exists!r}")
+        if if_exists == "attach" and execution_id is not None:
+            try:
+                return await self._start(flow, input, execution_id, holder, metadata, flow_version)
+            except ExecutionAlreadyExistsError:
+                return await self._attach(flow, execution_id)
+        return await self._start(flow, input, execution_id, holder, metadata, flow_version)
+
+    async def _attach(
+        self, flow: Flow[Any, OutputT] | str, execution_id: str
+    ) -> ExecutionHandle[OutputT]:
+        state, _ = await self._require(execution_id)
+        flow_id = flow if isinstance(flow, str) else flow.id
+        if state.flow_id != flow_id:
+            raise ExecutionAlreadyExistsError(
+                f"execution {execution_id!r} exists and runs flow {state.flow_id!r}, not "
+                f"{flow_id!r}; cannot attach",
+                execution_id=execution_id,
+                hint="Pick another execution id",
+            )
+        log.info("start of %s attached to the existing execution", execution_id)
+        return self.handle(execution_id)
+
+    async def _start(
+        self,
+        flow: Flow[Any, OutputT] | str,
+        input: Any,
+        execution_id: str | None,
+        holder: Lease | None,
+        metadata: dict[str, Any] | None,
+        flow_version: str | None,
+    ) -> ExecutionHandle[OutputT]:
         resolved = self.get_flow(flow, flow_version) if isinstance(flow, str) else flow
         if isinstance(flow, Flow) and self._flows.get(flow.id, {}).get(flow.version) is not flow:
             self.register(flow)
@@ -599,6 +637,13 @@ class WorkflowRuntime:
             if exc.execution_id != eid:
                 raise
             return None
+        log.debug(
+            "took over execution %s at fence %d (%s)",
+            eid,
+            current + 1,
+            type(event).__name__,
+            extra={"execution_id": eid},
+        )
         return self._launch(driver, flow)
 
     def _new_driver(self, state: ExecutionState, fence: int, *, last_snapshot: int) -> Driver:
@@ -661,6 +706,13 @@ class WorkflowRuntime:
             fired = TimerFired(position, timed_out=gate.event_type != TIMER_EVENT)
             handle = await self._continue_with(state, snap_seq, holder, fired, flow)
             if handle is not None:
+                log.info(
+                    "execution %s: %s at position %d",
+                    execution_id,
+                    "sleep woke" if gate.event_type == TIMER_EVENT else "gate timed out",
+                    position,
+                    extra={"execution_id": execution_id, "flow_id": flow.id},
+                )
                 return WakeOutcome.FIRED, handle
         return WakeOutcome.EARLY, None
 
@@ -695,6 +747,16 @@ class WorkflowRuntime:
             if self.heartbeat is not None:
                 await self.heartbeat.begin(driver)
             outcome = await self._run_flow(driver, flow)
+            if isinstance(outcome, ExecutionFailed):
+                err = outcome.error or {}
+                log.error(
+                    "execution %s (flow %s) failed: %s: %s",
+                    eid,
+                    flow.id,
+                    err.get("type"),
+                    err.get("message"),
+                    extra={"execution_id": eid, "flow_id": flow.id},
+                )
             if outcome is not None:
                 try:
                     await driver.append([outcome])
@@ -731,7 +793,12 @@ class WorkflowRuntime:
             driver.error = exc
             if not isinstance(exc, Exception):
                 raise
-            log.warning("execution %s stopped without an outcome: %r", eid, exc)
+            log.warning(
+                "execution %s stopped without an outcome: %r",
+                eid,
+                exc,
+                extra={"execution_id": eid},
+            )
         finally:
             driver.done.set()
             current = self._drivers.get(eid) is driver
@@ -749,6 +816,7 @@ class WorkflowRuntime:
         fencing) propagate; anything else the flow raises is its failure, recorded.
         """
         ctx = WorkflowContext(driver, flow)
+        token = _current_flow.set(ctx)
         try:
             if flow.takes_input:
                 inp = replayed_value(flow.input, driver.state.input, ctx, "the flow's input")
@@ -765,6 +833,8 @@ class WorkflowRuntime:
             if driver.fenced_out is not None:
                 raise driver.fenced_out from exc  # the flow swallowed its own fencing
             return ExecutionFailed(error_record(exc))
+        finally:
+            _current_flow.reset(token)
         return ExecutionCompleted(output)
 
     async def _fenced_out_error(self, eid: str, exc: StaleFenceError) -> BaseException | None:
@@ -816,6 +886,7 @@ class WorkflowRuntime:
         await self.store.close()
 
     async def __aenter__(self) -> WorkflowRuntime:
+        self._ensure_timers()  # an open runtime wakes due sleeps even if it starts nothing
         return self
 
     async def __aexit__(

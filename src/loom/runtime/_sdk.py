@@ -117,6 +117,11 @@ class StepInfo:
 _current_step: ContextVar[StepInfo | None] = ContextVar("loom_current_step", default=None)
 
 
+#: The flow context driving this task (set by the runtime around the flow's code), so a step
+#: called directly inside a flow is the durable call, never a silent unrecorded effect.
+_current_flow: ContextVar[Any] = ContextVar("loom_current_flow", default=None)
+
+
 def current_step() -> StepInfo | None:
     """The step running in this task, or None outside a step."""
     return _current_step.get()
@@ -191,8 +196,9 @@ def _hints(fn: Callable[..., Any]) -> dict[str, Any]:
 
 
 class Step(Generic[P, R]):
-    """A named effect. Inside a flow, call it through ``ctx.run(step, ...)`` so its result is
-    recorded once and served from the log on replay. Called directly, it just runs."""
+    """A named effect. Inside a flow, ``await step(...)`` and ``await ctx.run(step, ...)`` are
+    the same durable call: its result is recorded once and served from the log on replay.
+    Called outside a flow (or from inside another step), it just runs."""
 
     def __init__(
         self,
@@ -221,6 +227,12 @@ class Step(Generic[P, R]):
         return await asyncio.to_thread(self.fn, *args, **kwargs)  # type: ignore[arg-type]
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> Awaitable[R]:
+        """Inside a flow (and outside any step), the durable call: ``await step(x)`` is
+        ``await ctx.run(step, x)``, recorded once. Anywhere else it just runs."""
+        ctx = _current_flow.get()
+        if ctx is not None and _current_step.get() is None:
+            run: Callable[..., Awaitable[R]] = ctx.run
+            return run(self, *args, **kwargs)
         return self.invoke(*args, **kwargs)
 
     def __repr__(self) -> str:

@@ -1,0 +1,5 @@
+"""``python -m loom``: the ``loom`` command."""
+
+from loom.cli import main
+
+main()
