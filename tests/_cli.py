@@ -32,14 +32,14 @@ class Job(pydantic.BaseModel):
     nap: float = 0.0
 
 
-@loom.step(id="inspect")
+@loom.step(id=os.environ.get("FLOWS_INSPECT_ID", "inspect"))
 async def inspect(table: str) -> int:
     if os.environ.get("FLOWS_KILL_IN_STEP") == "1":
         os.kill(os.getpid(), 9)
     return 12_500_000
 
 
-@loom.step(id=os.environ.get("FLOWS_APPLY_ID", "apply"))
+@loom.step(id="apply")
 async def apply(ddl: str) -> str:
     return f"applied {ddl}"
 
@@ -55,7 +55,17 @@ async def guard(ctx: loom.WorkflowContext, job: Job) -> str:
     return await ctx.run(apply, f"ALTER TABLE {job.table} ...")
 
 
-flows = [guard]
+class Note(pydantic.BaseModel):
+    text: str = "noted"
+
+
+@loom.flow(id="note", resume_schemas={"Noted": Note})
+async def note(ctx: loom.WorkflowContext) -> str:
+    got = await ctx.suspend("Noted")
+    return got.text
+
+
+flows = [guard, note]
 
 
 def make_runtime() -> loom.WorkflowRuntime:

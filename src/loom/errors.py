@@ -291,13 +291,33 @@ class UnknownEventError(LoomError):
 
 class StepFailedError(LoomError):
     """A step failed on every attempt of its retry policy (or raised TerminalError); the flow
-    may catch this. ``error`` is the last attempt's recorded error (``type``, ``message``...)."""
+    may catch this. ``error`` is the last attempt's recorded error (``type``, ``message``...).
+
+    ``error_type`` is the qualified type of the step's last exception as recorded (the same on
+    replay); :meth:`caused_by` tells a ``ValueError`` from a timeout.
+    """
 
     code = "step_failed"
     step_id: str | None
     position: int | None
     attempts: int | None
     error: dict[str, Any] | None
+
+    @property
+    def error_type(self) -> str | None:
+        """E.g. ``"builtins.ValueError"`` (older records: the bare class name)."""
+        err = self.details.get("error") or {}
+        value = err.get("qualified_type") or err.get("type")
+        return str(value) if value is not None else None
+
+    def caused_by(self, *types: type[BaseException]) -> bool:
+        """Whether the step's last exception was one of ``types``: the live exception when
+        this attempt raised it here, else the recorded type name (replay)."""
+        cause = self.__cause__
+        if cause is not None:
+            return isinstance(cause, types)
+        name = self.error_type
+        return any(name in (f"{t.__module__}.{t.__qualname__}", t.__name__) for t in types)
 
 
 class ExecutionFailedError(LoomError):

@@ -67,8 +67,9 @@ def _root(
         str | None,
         typer.Option(
             "--log-level",
+            metavar="LEVEL",
             envvar="LOOM_LOG_LEVEL",
-            help="Log level of loom.* records on stderr (default WARNING; `serve`: INFO).",
+            help="Log level of loom.* records on stderr (default ERROR; `serve`: INFO).",
             show_default=False,
         ),
     ] = None,
@@ -86,11 +87,14 @@ def demo(
         str | None,
         typer.Option(
             "--db",
+            metavar="PATH",
             help="Where the demo keeps its store (default: a new temporary directory).",
             show_default=False,
         ),
     ] = None,
-    table: Annotated[str, typer.Option(help="The table the migration touches.")] = "orders",
+    table: Annotated[
+        str, typer.Option("--table", metavar="NAME", help="The table the migration touches.")
+    ] = "orders",
     as_json: JsonOption = False,
 ) -> None:
     """Run the schema-migration guard: crash mid-flight, recover, approve, show the log."""

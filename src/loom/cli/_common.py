@@ -59,6 +59,7 @@ DbOption = Annotated[
     str | None,
     typer.Option(
         "--db",
+        metavar="PATH",
         envvar="LOOM_DB",
         help="SQLite file of the store (shorthand for --store sqlite:///PATH). Default: loom.db.",
         show_default=False,
@@ -68,6 +69,7 @@ StoreOption = Annotated[
     str | None,
     typer.Option(
         "--store",
+        metavar="URL",
         envvar="LOOM_STORE",
         help="The store: sqlite:///path/to/loom.db, a bare path, or postgresql://...",
         show_default=False,
@@ -80,6 +82,7 @@ AppOption = Annotated[
     str | None,
     typer.Option(
         "--app",
+        metavar="MODULE:ATTR",
         envvar="LOOM_APP",
         help="module:attribute holding your flows: a Flow, a list of flows, or a "
         "WorkflowRuntime (whose store is then the default). Imported from the current "
@@ -135,11 +138,12 @@ def log_level_chosen() -> bool:
 
 
 def setup_logging(level: str | None = None) -> None:
-    """Send ``loom.*`` records to stderr at ``level`` (default ``$LOOM_LOG_LEVEL`` or
-    WARNING: failed attempts and failed executions show, routine progress does not)."""
+    """Send ``loom.*`` records to stderr at ``level`` (default ``$LOOM_LOG_LEVEL`` or ERROR:
+    a command reports its own outcome, so only failed executions are logged besides; pass
+    WARNING to see failed step attempts, INFO for recoveries and wakes)."""
     global _chosen
     _chosen = bool(level or os.environ.get("LOOM_LOG_LEVEL"))
-    chosen = (level or os.environ.get("LOOM_LOG_LEVEL") or "WARNING").upper()
+    chosen = (level or os.environ.get("LOOM_LOG_LEVEL") or "ERROR").upper()
     if chosen not in logging.getLevelNamesMapping():
         raise ConfigurationError(
             f"unknown log level {chosen!r}", hint="Use DEBUG, INFO, WARNING or ERROR"

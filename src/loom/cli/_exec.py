@@ -18,6 +18,7 @@ import typer
 
 import loom
 from loom.cli._common import (
+    EXIT_ERROR,
     AppOption,
     DbOption,
     JsonOption,
@@ -33,12 +34,13 @@ from loom.cli._render import render_state, render_timeline, timeline_rows, when_
 from loom.cli._store import DEFAULT_DB, Mode, describe, open_store_url, resolve_url
 from loom.errors import (
     ConfigurationError,
+    CorruptEventError,
     ExecutionNotFoundError,
     LoomError,
     NotWaitingError,
     PayloadError,
 )
-from loom.model import ExecutionState, ExecutionStatus, decode_json
+from loom.model import ExecutionState, ExecutionStatus, decode_json, replay
 from loom.runtime import WorkflowRuntime
 from loom.runtime._context import TIMER_EVENT
 
@@ -46,11 +48,13 @@ __all__ = ["register"]
 
 _MISSING: Any = object()
 
+ExecutionIdArg = Annotated[str, typer.Argument(metavar="EXECUTION_ID", show_default=False)]
 DataOption = Annotated[
     str | None,
     typer.Option(
         "--data",
         "-d",
+        metavar="JSON|@FILE|-",
         help="The decision as JSON, @FILE to read it from a file, or - for stdin. Default: {} "
         "(every field takes its default).",
         show_default=False,
@@ -98,8 +102,18 @@ async def command_runtime(
         await rt.close()
 
 
+async def verified_state(rt: WorkflowRuntime, execution_id: str) -> ExecutionState | None:
+    """The state folded from the whole log, every record's checksum verified (not from a
+    snapshot): so ``executions``, ``show``, ``cancel``, ``resume`` and ``recover`` give one
+    verdict on a tampered log, and nothing is written on top of one."""
+    envelopes = await rt.store.read(execution_id)
+    if not envelopes:
+        return None
+    return replay(envelopes)
+
+
 async def _require_state(rt: WorkflowRuntime, execution_id: str, where: str) -> ExecutionState:
-    state = await rt.load_state(execution_id)
+    state = await verified_state(rt, execution_id)
     if state is None:
         raise ExecutionNotFoundError(
             f"no execution {execution_id!r} in {where}",
@@ -162,17 +176,21 @@ def executions(
         typer.Option(
             "--status",
             "-s",
+            metavar="STATUS",
             help="Only these statuses (repeatable): pending, running, suspended, completed, "
             "failed, cancelled.",
             show_default=False,
         ),
     ] = None,
     flow: Annotated[
-        str | None, typer.Option("--flow", "-f", help="Only this flow id.", show_default=False)
+        str | None,
+        typer.Option("--flow", "-f", metavar="FLOW", help="Only this flow id.", show_default=False),
     ] = None,
     limit: Annotated[
         int | None,
-        typer.Option("--limit", "-n", help="At most this many rows.", show_default=False, min=1),
+        typer.Option(
+            "--limit", "-n", metavar="N", help="At most this many rows.", show_default=False, min=1
+        ),
     ] = None,
     store: StoreOption = None,
     db: DbOption = None,
@@ -187,6 +205,8 @@ def executions(
             known = ", ".join(s.value for s in ExecutionStatus)
             fail(ConfigurationError(f"--status takes {known}; got {', '.join(status)}"), as_json)
 
+    corrupt: list[CorruptEventError] = []
+
     async def go() -> tuple[list[ExecutionState], str]:
         rows: list[ExecutionState] = []
         async with command_runtime(
@@ -198,7 +218,14 @@ def executions(
                     scanned += 1
                     if scanned % 500 == 0:
                         progress.update(f"listing executions... {scanned} scanned")
-                    state = await rt.load_state(execution_id)
+                    try:
+                        state = await verified_state(rt, execution_id)
+                    except CorruptEventError as exc:
+                        corrupt.append(exc)
+                        state = ExecutionState(execution_id, status=ExecutionStatus.PENDING)
+                        state.flow_id = "?"
+                        rows.append(state)
+                        continue
                     if state is None:
                         continue
                     if wanted is not None and state.status not in wanted:
@@ -211,8 +238,15 @@ def executions(
         return rows, where
 
     states, where = run(go, as_json)
+    bad = {exc.execution_id for exc in corrupt}
     if as_json:
-        print_json([_state_row(s) for s in states])
+        rows = [_state_row(s) for s in states]
+        for row in rows:
+            if row["execution_id"] in bad:
+                row["status"] = "corrupt"
+        print_json(rows)
+        if corrupt:
+            raise typer.Exit(EXIT_ERROR)
         return
     if not states:
         console.print(f"no executions in {where}" + (" match" if wanted or flow else ""))
@@ -233,18 +267,24 @@ def executions(
             s.execution_id,
             s.flow_id,
             s.flow_version,
-            s.status.value,
+            "[red]corrupt[/]" if s.execution_id in bad else s.status.value,
             str(s.last_sequence + 1),
             waiting,
         )
     console.print(table)
+    for exc in corrupt:
+        err_console.print(f"[red]error:[/] {exc}", soft_wrap=True)
+    if corrupt:
+        raise typer.Exit(EXIT_ERROR)
 
 
 def show(
-    execution_id: str,
+    execution_id: ExecutionIdArg,
     at: Annotated[
         int | None,
-        typer.Option("--at", help="The state as of this sequence (0 = the start).", min=0),
+        typer.Option(
+            "--at", metavar="SEQ", help="The state as of this sequence (0 = the start).", min=0
+        ),
     ] = None,
     store: StoreOption = None,
     db: DbOption = None,
@@ -266,10 +306,8 @@ def show(
                         f"sequences 0 to {state.last_sequence}",
                         execution_id=execution_id,
                     )
-                at_state = await rt.load_state(execution_id, at_sequence=at)
-                assert at_state is not None  # sequence 0 exists: the execution does
-                state = at_state
                 envelopes = [e for e in envelopes if e.sequence <= at]
+                state = replay(envelopes)
             return envelopes, state
 
     envelopes, state = run(go, as_json)
@@ -306,19 +344,24 @@ def _recorded_hint(execution_id: str, app_spec: str | None) -> str:
 
 
 def start(
-    flow_id: Annotated[str, typer.Argument(help="The flow's id (its @loom.flow(id=...)).")],
+    flow_id: Annotated[
+        str, typer.Argument(metavar="FLOW", help="The flow's id (its @loom.flow(id=...)).")
+    ],
     input_: Annotated[
         str | None,
         typer.Option(
             "--input",
             "-i",
+            metavar="JSON|@FILE|-",
             help="The flow's input as JSON, @FILE, or - for stdin. Default: {} or null.",
             show_default=False,
         ),
     ] = None,
     execution_id: Annotated[
         str | None,
-        typer.Option("--id", help="The execution id (default: a new time-ordered id)."),
+        typer.Option(
+            "--id", metavar="ID", help="The execution id (default: a new time-ordered id)."
+        ),
     ] = None,
     attach: Annotated[
         bool,
@@ -368,8 +411,11 @@ def start(
 
 
 def resume(
-    execution_id: str,
-    event: Annotated[str, typer.Argument(help="The gate's event type, e.g. ApprovalGranted.")],
+    execution_id: ExecutionIdArg,
+    event: Annotated[
+        str,
+        typer.Argument(metavar="EVENT", help="The gate's event type, e.g. ApprovalGranted."),
+    ],
     data: DataOption = None,
     flows_app: AppOption = None,
     store: StoreOption = None,
@@ -425,9 +471,9 @@ def _amend(exc: LoomError, hint: str) -> LoomError:
 
 
 def cancel(
-    execution_id: str,
+    execution_id: ExecutionIdArg,
     reason: Annotated[
-        str | None, typer.Option("--reason", help="Recorded with the cancellation.")
+        str | None, typer.Option("--reason", metavar="TEXT", help="Recorded with the cancellation.")
     ] = None,
     store: StoreOption = None,
     db: DbOption = None,
@@ -460,7 +506,7 @@ def cancel(
 
 
 def recover(
-    execution_id: str,
+    execution_id: ExecutionIdArg,
     flows_app: AppOption = None,
     store: StoreOption = None,
     db: DbOption = None,

@@ -41,13 +41,18 @@ def serve(
         int,
         typer.Option(
             "--max-recoveries",
+            metavar="N",
             help="Park (leave for an operator) executions already recovered this many times.",
             min=1,
         ),
     ] = 10,
     ready_file: Annotated[
         Path | None,
-        typer.Option("--ready-file", help="Write the node's summary (JSON) here once serving."),
+        typer.Option(
+            "--ready-file",
+            metavar="PATH",
+            help="Write the node's summary (JSON) here once serving.",
+        ),
     ] = None,
     as_json: JsonOption = False,
 ) -> None:

@@ -203,20 +203,25 @@ def serve(
         str,
         typer.Option(
             "--app",
+            metavar="MODULE:ATTR",
             envvar="LOOM_APP",
             help="module:attribute of your WorkflowRuntime (or a function returning one).",
         ),
     ],
     host: Annotated[
-        str, typer.Option("--host", envvar="LOOM_WORKER_HOST", help="Interface to bind.")
+        str,
+        typer.Option(
+            "--host", metavar="HOST", envvar="LOOM_WORKER_HOST", help="Interface to bind."
+        ),
     ] = "127.0.0.1",
     port: Annotated[
-        int, typer.Option("--port", envvar="PORT", help="Port (0: any free port).")
+        int, typer.Option("--port", metavar="PORT", envvar="PORT", help="Port (0: any free port).")
     ] = 8080,
     token_env: Annotated[
         str | None,
         typer.Option(
             "--token-env",
+            metavar="NAME",
             envvar="LOOM_WORKER_TOKEN_ENV",
             help="Name of the environment variable holding the shared bearer secret.",
         ),
@@ -225,6 +230,7 @@ def serve(
         str | None,
         typer.Option(
             "--google-audience",
+            metavar="URL",
             envvar="LOOM_WORKER_GOOGLE_AUDIENCE",
             help="Accept Google-signed ID tokens minted for this audience (e.g. the service URL).",
         ),
@@ -233,6 +239,7 @@ def serve(
         list[str] | None,
         typer.Option(
             "--google-email",
+            metavar="EMAIL",
             envvar="LOOM_WORKER_GOOGLE_EMAILS",
             help="Only accept ID tokens of these (service) accounts. Repeatable.",
         ),
@@ -241,6 +248,7 @@ def serve(
         Path | None,
         typer.Option(
             "--google-certs-file",
+            metavar="PATH",
             envvar="LOOM_WORKER_GOOGLE_CERTS_FILE",
             help="JSON {key id: PEM} to verify ID tokens with instead of Google's published "
             "certificates (air-gapped setups, tests).",
@@ -255,12 +263,14 @@ def serve(
         ),
     ] = False,
     max_body_bytes: Annotated[
-        int, typer.Option("--max-body-bytes", help="Largest accepted request body.")
+        int,
+        typer.Option("--max-body-bytes", metavar="BYTES", help="Largest accepted request body."),
     ] = 1 << 20,
     drain_timeout: Annotated[
         float,
         typer.Option(
             "--drain-timeout",
+            metavar="SECONDS",
             envvar="LOOM_WORKER_DRAIN_TIMEOUT",
             help="Seconds in-flight attempts get to finish on SIGTERM (keep it under the "
             "platform's grace period); the rest are left resumable.",
@@ -268,10 +278,11 @@ def serve(
     ] = 8.0,
     port_file: Annotated[
         Path | None,
-        typer.Option("--port-file", help="Write the bound port here once serving."),
+        typer.Option("--port-file", metavar="PATH", help="Write the bound port here once serving."),
     ] = None,
     log_level: Annotated[
-        str, typer.Option("--log-level", envvar="LOOM_LOG_LEVEL", help="Log level.")
+        str,
+        typer.Option("--log-level", metavar="LEVEL", envvar="LOOM_LOG_LEVEL", help="Log level."),
     ] = "info",
     as_json: Annotated[
         bool, typer.Option("--json", help="Errors as JSON on stdout.", show_default=False)

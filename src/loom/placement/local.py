@@ -127,6 +127,12 @@ class LocalWorkerRuntime:
             # The decision was applied, and the holder that applied it died mid-resume: only
             # the dispatcher's own retry after that failed attempt takes the execution over.
             return await self._continue(lease, package, state)
+        if package.resume_event is not None and not _delivered(
+            state, package.resume_event.event_type
+        ):
+            # Not a lost response: that decision never reached this execution (a typo in the
+            # event type, a gate not reached yet or timed out). Say so: 409, nothing changed.
+            self.runtime._waiting_gate(state, package.resume_event.event_type)
         # Decided already and driven by someone (a duplicate or late resume), suspended on
         # another gate, or ended: report, take nothing over.
         return ExecutionResult.from_state(state)
@@ -178,3 +184,14 @@ def _require(package: ExecutionPackage, state: ExecutionState | None) -> Executi
 
 async def _settled(handle: ExecutionHandle[Any]) -> ExecutionResult:
     return ExecutionResult.from_state(await handle.settled())
+
+
+def _delivered(state: ExecutionState, event_type: str) -> bool:
+    """Whether a decision for ``event_type`` is in the log (so a resume is a duplicate)."""
+    return any(
+        op.kind == "gate"
+        and op.name == event_type
+        and op.status == "resolved"
+        and not (isinstance(op.output, dict) and op.output.get("timed_out"))
+        for op in state.ops.values()
+    )

@@ -74,6 +74,9 @@ def error_record(exc: BaseException) -> dict[str, Any]:
         record = exc.to_dict()
     else:
         record = {"type": type(exc).__name__, "message": str(exc)}
+    # The full type name survives the log, so a caller can tell a ValueError from a timeout
+    # even on replay, when the original exception object is long gone.
+    record["qualified_type"] = f"{type(exc).__module__}.{type(exc).__qualname__}"
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     record["traceback"] = tb[-4000:]
     return record
@@ -254,6 +257,14 @@ class WorkflowContext:
             except PayloadError as exc:
                 # The output is not storable (checked while building the record, before the
                 # store saw anything): a step failure, never a crash of the flow's driver.
+                if step.output.adapter is None:
+                    exc = PayloadError(
+                        f"step {step.id!r} returned a {type(value).__name__}, which is not "
+                        f"JSON: {exc.message}",
+                        execution_id=self.execution_id,
+                        hint="Annotate the step's return type (e.g. `-> MyModel` or "
+                        "`-> datetime`) so Loom can store it and check it before the effect",
+                    )
                 await self._attempt_failed(step, pos, attempt, exc)
             return value
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import math
+import random
 import typing
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from contextvars import ContextVar
@@ -65,12 +66,17 @@ class RetryPolicy:
     backoff_multiplier: float = 2.0
     max_backoff: float = 60.0
     non_retryable: tuple[type[BaseException], ...] = ()
+    #: Spread each backoff uniformly by up to this fraction either way (0.1: +-10%), so many
+    #: executions failing together do not retry in lockstep against the same dependency.
+    jitter: float = 0.0
 
     def __post_init__(self) -> None:
         if self.max_attempts < 1:
             raise ConfigurationError("RetryPolicy.max_attempts must be at least 1")
         if self.initial_backoff < 0 or self.max_backoff < 0 or self.backoff_multiplier < 1:
             raise ConfigurationError("RetryPolicy backoffs must be >= 0 and multiplier >= 1")
+        if not 0.0 <= self.jitter <= 1.0:
+            raise ConfigurationError("RetryPolicy.jitter must be between 0 and 1")
 
     def should_retry(self, exc: BaseException, attempt: int) -> bool:
         """Whether failed attempt number ``attempt`` (1-based) that raised ``exc`` gets another."""
@@ -87,8 +93,12 @@ class RetryPolicy:
 
     def backoff(self, attempt: int) -> float:
         """Seconds to wait after failed attempt number ``attempt`` (1-based)."""
-        delay = self.initial_backoff * self.backoff_multiplier ** (attempt - 1)
-        return float(min(delay, self.max_backoff))
+        delay = min(
+            self.initial_backoff * self.backoff_multiplier ** (attempt - 1), self.max_backoff
+        )
+        if self.jitter:
+            delay *= 1.0 + random.uniform(-self.jitter, self.jitter)
+        return float(delay)
 
 
 NO_RETRY = RetryPolicy()
@@ -188,6 +198,13 @@ class _Codec:
         return self.adapter.validate_python(data)
 
 
+def problems_line(exc: pydantic.ValidationError) -> str:
+    """A validation error as one line: ``field: problem; other.field: problem``."""
+    return "; ".join(
+        f"{'.'.join(str(p) for p in e['loc']) or '<value>'}: {e['msg']}" for e in exc.errors()
+    )
+
+
 def _hints(fn: Callable[..., Any]) -> dict[str, Any]:
     try:
         return typing.get_type_hints(fn)
@@ -215,7 +232,15 @@ class Step(Generic[P, R]):
         self.retry = retry
         self.record_start = record_start
         self.is_async = inspect.iscoroutinefunction(fn)
-        self.output = _Codec(_hints(fn).get("return", Any))
+        try:
+            self.output = _Codec(_hints(fn).get("return", Any))
+        except pydantic.PydanticSchemaGenerationError:
+            # Known now, before any effect runs: a result Loom could not store or reload.
+            raise ConfigurationError(
+                f"step {id!r} returns {_hints(fn).get('return')!r}, which Loom cannot store "
+                "as JSON",
+                hint="Return a JSON value, a pydantic model, or a type pydantic can serialise",
+            ) from None
         self.__doc__ = fn.__doc__
         self.__name__ = getattr(fn, "__name__", id)
 
@@ -359,9 +384,10 @@ class Flow(Generic[InputT, OutputT]):
             pydantic_core.PydanticSerializationError,
             *_NOT_JSON,
         ) as exc:
+            # One line listing the problems, and no execution id: nothing was started.
+            problems = problems_line(exc) if isinstance(exc, pydantic.ValidationError) else str(exc)
             raise InvalidInputError(
-                f"input for flow {self.id!r} is invalid: {exc}",
-                execution_id=execution_id,
+                f"input for flow {self.id!r} is invalid: {problems}",
                 hint="Nothing was started; fix the input and start again (JSON values only)",
             ) from exc
 
