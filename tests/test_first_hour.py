@@ -235,7 +235,7 @@ def test_start_attach_executes_once(tmp_path: Path) -> None:
             assert await again.result(timeout=10) == first == 2
             with pytest.raises(ExecutionAlreadyExistsError) as info:
                 await rt.start(once, 1, execution_id="a1")
-            assert "runtime.handle('a1').result()" in str(info.value)
+            assert "runtime.handle(id).result()" in str(info.value)
             assert "load_state" not in str(info.value)
             with pytest.raises(ExecutionAlreadyExistsError, match="runs flow 'once'"):
                 await rt.start(other, execution_id="a1", if_exists="attach")

@@ -35,6 +35,7 @@ from loom.cli._store import DEFAULT_DB, Mode, describe, open_store_url, resolve_
 from loom.errors import (
     ConfigurationError,
     CorruptEventError,
+    ExecutionAlreadyExistsError,
     ExecutionNotFoundError,
     LoomError,
     NotWaitingError,
@@ -392,12 +393,15 @@ def start(
             flow = rt.get_flow(flow_id)
             if payload is _MISSING:
                 payload = _default_payload(flow.input) if flow.takes_input else None
-            handle = await rt.start(
-                flow,
-                payload,
-                execution_id=execution_id,
-                if_exists="attach" if attach else "error",
-            )
+            try:
+                handle = await rt.start(
+                    flow,
+                    payload,
+                    execution_id=execution_id,
+                    if_exists="attach" if attach else "error",
+                )
+            except ExecutionAlreadyExistsError as exc:
+                raise _amend(exc, "Pass --attach to attach to it, or pick another --id") from None
             recorded.append(handle.execution_id)
             return await handle.settled()
 

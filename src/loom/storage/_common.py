@@ -108,10 +108,7 @@ def take_over_refusal(
 
 def already_exists(execution_id: str) -> ExecutionAlreadyExistsError:
     return ExecutionAlreadyExistsError(
-        f"execution {execution_id!r} already exists",
-        execution_id=execution_id,
-        hint=f"Await it with runtime.handle({execution_id!r}).result(), start with "
-        "if_exists='attach' (CLI: --attach), or pick another execution id",
+        f"execution {execution_id!r} already exists", execution_id=execution_id
     )
 
 
