@@ -12,10 +12,10 @@ import os
 import sqlite3
 from pathlib import Path
 from typing import Literal
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit
 
 from loom.errors import ConfigurationError, LoomError, SchemaVersionError, StorageError
-from loom.storage import SQLiteStore, Store
+from loom.storage import Store, open_store
 
 __all__ = ["Mode", "StoreNotFoundError", "describe", "open_store_url", "resolve_url"]
 
@@ -58,52 +58,25 @@ def _redact(url: str) -> str:
     return url
 
 
-def _pg_schema(url: str) -> tuple[str, str]:
-    """``?schema=NAME`` picks the Loom schema (default ``loom``); the rest goes to psycopg."""
-    parts = urlsplit(url)
-    query = parse_qsl(parts.query, keep_blank_values=True)
-    schema = next((v for k, v in query if k == "schema"), "loom")
-    rest = urlencode([(k, v) for k, v in query if k != "schema"])
-    return urlunsplit(parts._replace(query=rest)), schema
-
-
 def _sqlite_path(url: str) -> str:
-    if url.startswith("sqlite:///"):
-        return (
-            url[len("sqlite:///") :] if url.startswith("sqlite:////") else url[len("sqlite://") :]
-        )
     if url.startswith("sqlite://"):
-        raise ConfigurationError(f"a SQLite URL looks like sqlite:///path/to/loom.db, not {url!r}")
+        # As open_store (and SQLAlchemy) read it: sqlite:///rel.db, sqlite:////abs/path.db.
+        path = unquote(urlsplit(url).path)
+        return path[1:] if path.startswith("/") else path
     return url
 
 
 async def open_store_url(url: str, mode: Mode) -> Store:
     """Open the store at ``url`` for ``mode`` (see the module docstring)."""
-    if url.startswith(("postgresql://", "postgres://")):
-        try:
-            from loom.storage.postgres import PostgresStore
-        except ImportError as exc:
-            raise ConfigurationError(
-                f"a postgresql:// store needs the 'postgres' extra ({exc.name} is not installed)",
-                hint="pip install 'loom-runtime[postgres]'",
-            ) from exc
-        dsn, schema = _pg_schema(url)
-        return await PostgresStore.open(dsn, schema=schema)
-    if "://" in url and not url.startswith("sqlite:"):
-        raise ConfigurationError(
-            f"unknown store URL {_redact(url)!r}",
-            hint="Use sqlite:///path/to/loom.db, a bare path, or postgresql://...",
-        )
-    path = _sqlite_path(url)
-    _check_sqlite(path, mode)
+    if "://" not in url or url.startswith("sqlite:"):
+        # Refused here, with one line naming the problem, before SQLite touches the file.
+        _check_sqlite(_sqlite_path(url), mode)
     try:
-        if mode == "read":
-            return _ReadOnlySQLiteStore(path)
-        return SQLiteStore(path)
+        return await open_store(url, read_only=mode == "read", create=mode == "create")
     except LoomError:
         raise
     except sqlite3.Error as exc:
-        raise StorageError(f"cannot open {path}: {exc}") from exc
+        raise StorageError(f"cannot open {describe(url)}: {exc}") from exc
 
 
 def _check_sqlite(path: str, mode: Mode) -> None:
@@ -156,26 +129,6 @@ def _schema_version() -> int:
 
 
 _SCHEMA_VERSION = _schema_version()
-
-
-class _ReadOnlySQLiteStore(SQLiteStore):
-    """A SQLite store opened with ``mode=ro``: no schema creation, no journal switch, no
-    write. (Swap for ``loom.storage.open_store(url, read_only=True)`` once it exists.)"""
-
-    def _connect(self) -> sqlite3.Connection:
-        conn = sqlite3.connect(
-            f"{Path(self.path).resolve().as_uri()}?mode=ro",
-            uri=True,
-            timeout=self.busy_timeout,
-            isolation_level=None,
-            check_same_thread=False,
-        )
-        conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
-        conn.execute("PRAGMA query_only = ON")
-        return conn
-
-    def _migrate(self, conn: sqlite3.Connection) -> None:
-        pass  # checked by _check_sqlite; a reader never creates or upgrades a schema
 
 
 def env_default() -> str:
