@@ -169,7 +169,7 @@ def test_retry_jitter_and_the_original_exception_type(tmp_path: Path) -> None:
             await (await rt.resume("t1", "Go")).result(timeout=10)  # replays the failure
 
     asyncio.run(go())
-    assert seen == [("builtins.ValueError", True, False)] * 2
+    assert seen == [("ValueError", True, False)] * 2
 
 
 def test_storability_is_checked_before_the_effect_or_hinted(tmp_path: Path) -> None:

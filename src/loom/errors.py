@@ -293,7 +293,7 @@ class StepFailedError(LoomError):
     """A step failed on every attempt of its retry policy (or raised TerminalError); the flow
     may catch this. ``error`` is the last attempt's recorded error (``type``, ``message``...).
 
-    ``error_type`` is the qualified type of the step's last exception as recorded (the same on
+    ``error_type`` is the class name of the step's last exception as recorded (the same on
     replay); :meth:`caused_by` tells a ``ValueError`` from a timeout.
     """
 
@@ -305,19 +305,18 @@ class StepFailedError(LoomError):
 
     @property
     def error_type(self) -> str | None:
-        """E.g. ``"builtins.ValueError"`` (older records: the bare class name)."""
-        err = self.details.get("error") or {}
-        value = err.get("qualified_type") or err.get("type")
+        """The class name of the step's last exception as recorded, e.g. ``"ValueError"``."""
+        value = (self.details.get("error") or {}).get("type")
         return str(value) if value is not None else None
 
     def caused_by(self, *types: type[BaseException]) -> bool:
-        """Whether the step's last exception was one of ``types``: the live exception when
-        this attempt raised it here, else the recorded type name (replay)."""
+        """Whether the step's last exception was one of ``types``: ``isinstance`` on the live
+        exception when this attempt raised it here; on replay, where only the record is
+        left, the recorded class name equals one of theirs."""
         cause = self.__cause__
         if cause is not None:
             return isinstance(cause, types)
-        name = self.error_type
-        return any(name in (f"{t.__module__}.{t.__qualname__}", t.__name__) for t in types)
+        return self.error_type in {t.__name__ for t in types}
 
 
 class ExecutionFailedError(LoomError):

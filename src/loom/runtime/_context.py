@@ -74,9 +74,6 @@ def error_record(exc: BaseException) -> dict[str, Any]:
         record = exc.to_dict()
     else:
         record = {"type": type(exc).__name__, "message": str(exc)}
-    # The full type name survives the log, so a caller can tell a ValueError from a timeout
-    # even on replay, when the original exception object is long gone.
-    record["qualified_type"] = f"{type(exc).__module__}.{type(exc).__qualname__}"
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     record["traceback"] = tb[-4000:]
     return record
