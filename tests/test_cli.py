@@ -103,9 +103,11 @@ def test_an_open_runtime_fires_an_overdue_timer_without_being_used(tmp_path: Pat
             await (await rt.start(napper, execution_id="n1")).wait_for_suspend(timeout=10)
         runtime = loom.WorkflowRuntime(loom.SQLiteStore(db))
         runtime.register(napper)
-        async with runtime:  # opened, nothing started or resumed
-            handle = runtime.handle("n1")
-            state = await handle.wait_for_completion(timeout=20)
+        async with runtime:  # opened; nothing started, resumed or awaited through it
+            deadline = asyncio.get_running_loop().time() + 20
+            while (state := await runtime.load_state("n1")) is None or not state.is_terminal:
+                assert asyncio.get_running_loop().time() < deadline, state
+                await asyncio.sleep(0.05)
             assert state.output == "woke"
 
     asyncio.run(go())
