@@ -538,9 +538,18 @@ class WorkflowRuntime:
                 return None  # driven here since it was judged: it is not abandoned
         flow = self.get_flow(state.flow_id, state.flow_version)
         recovered = ExecutionRecovered(state.last_sequence, snap_seq)
-        return await self._continue_with(
+        handle = await self._continue_with(
             state, snap_seq, holder, recovered, flow, from_fence=from_fence
         )
+        if handle is not None:
+            log.info(
+                "recovered execution %s (flow %s) from sequence %d",
+                state.execution_id,
+                flow.id,
+                state.last_sequence,
+                extra={"execution_id": state.execution_id, "flow_id": flow.id},
+            )
+        return handle
 
     async def cancel(self, execution_id: str, reason: str | None = None) -> ExecutionState:
         """Cancel an execution: fence out its holder, append ``EXECUTION_CANCELLED``.
