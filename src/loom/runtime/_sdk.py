@@ -386,10 +386,15 @@ class Flow(Generic[InputT, OutputT]):
         ) as exc:
             # One line listing the problems, and no execution id: nothing was started.
             problems = problems_line(exc) if isinstance(exc, pydantic.ValidationError) else str(exc)
-            raise InvalidInputError(
+            err = InvalidInputError(
                 f"input for flow {self.id!r} is invalid: {problems}",
+                execution_id=execution_id,
                 hint="Nothing was started; fix the input and start again (JSON values only)",
-            ) from exc
+            )
+            # The id stays on the error for programs, but the line a person reads does not
+            # name an execution that never started.
+            err.args = (f"{err.message}. {err.hint}",)
+            raise err from exc
 
     def __repr__(self) -> str:
         return f"<loom.Flow {self.id!r} v{self.version}>"
