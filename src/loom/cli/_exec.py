@@ -421,6 +421,16 @@ def resume(
         typer.Argument(metavar="EVENT", help="The gate's event type, e.g. ApprovalGranted."),
     ],
     data: DataOption = None,
+    position: Annotated[
+        int | None,
+        typer.Option(
+            "--position",
+            metavar="N",
+            help="The gate position the decision is for (see `loom show`); refused if the "
+            "execution waits at another gate.",
+            show_default=False,
+        ),
+    ] = None,
     flows_app: AppOption = None,
     store: StoreOption = None,
     db: DbOption = None,
@@ -449,7 +459,7 @@ def resume(
                 state = await _require_state(rt, execution_id, where)
                 flow = rt.get_flow(state.flow_id, state.flow_version)
                 payload = _default_payload(flow.resume_schemas.get(event))
-            handle = await rt.resume(execution_id, event, payload)
+            handle = await rt.resume(execution_id, event, payload, position=position)
             recorded.append(True)
             try:
                 return await handle.settled()
