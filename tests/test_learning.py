@@ -208,3 +208,20 @@ async def test_a_bad_choice_is_refused_and_nothing_recorded(
     assert getattr(seen[0], "execution_id", None) == "b1"
     assert not [e for e in await store.read("b1") if e.type == DECISION_EVENT]
     await rt.close()
+
+
+async def test_a_bare_decide_stays_blind(tmp_path: Path) -> None:
+    @loom.flow(id="blind")
+    async def blind(ctx: loom.WorkflowContext) -> None:
+        await ctx.decide("arm", lambda: "a")
+        await ctx.record_outcome("ctr", 1.0, decision_id="arm")
+
+    store = SQLiteStore(tmp_path / "blind.db")
+    rt = loom.WorkflowRuntime(store)
+    rt.register(blind)
+    await (await rt.start(blind, execution_id="x1")).result()
+    (t,) = await trajectories(store)
+    assert (t.action, t.reward, t.propensity, t.context) == ("a", 1.0, None, None)
+    r = evaluate_policy([t], Fixed("p", {None: "a"}))
+    assert r.value is None and r.ips is None and r.agreement_only
+    await rt.close()
