@@ -228,6 +228,15 @@ def _register_groups() -> None:
 _register_groups()
 
 
+def _add_operator_commands() -> None:
+    from loom.cli import _console
+
+    _console.register(app)
+
+
+_add_operator_commands()
+
+
 def main() -> None:
     """The ``loom`` entry point: every error is one line (a traceback only with
     ``LOOM_DEBUG=1``, for bugs in Loom itself)."""

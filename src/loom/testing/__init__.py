@@ -23,6 +23,7 @@ from loom.testing._store_conformance import (
 )
 from loom.testing._timer_conformance import TIMER_CHECKS, run_timer_store_conformance
 from loom.testing._timeskip import TimeSkippingEnvironment
+from loom.testing._upgrade import UpgradeIssue, UpgradeReport, upgrade_check
 
 __all__ = [
     "BLOB_CHECKS",
@@ -34,6 +35,8 @@ __all__ = [
     "SkippingClock",
     "StoreFactory",
     "TimeSkippingEnvironment",
+    "UpgradeIssue",
+    "UpgradeReport",
     "conformance_responder",
     "replay_flow",
     "run_blob_store_conformance",
@@ -42,4 +45,5 @@ __all__ = [
     "run_llm_provider_conformance",
     "run_store_check",
     "run_timer_store_conformance",
+    "upgrade_check",
 ]

@@ -1,0 +1,310 @@
+"""The operator commands: ``logs``, ``export``, ``approve``, ``reject`` and ``upgrade-check``."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+import loom
+from loom.cli import _app as base
+from loom.cli._render import render_state, render_timeline, timeline_rows
+from loom.errors import ConfigurationError, ExecutionNotFoundError, LoomError, PayloadError
+from loom.model import decode_json
+from loom.runtime import WorkflowRuntime
+from loom.storage import Store
+
+__all__ = ["register"]
+
+err_console = Console(stderr=True, highlight=False)
+
+UrlOption = Annotated[
+    str | None,
+    typer.Option(
+        "--url",
+        envvar="LOOM_STORE_URL",
+        help="PostgreSQL URL of the store (postgresql://...); overrides --db.",
+    ),
+]
+
+
+def open_store(db: str, url: str | None) -> Store:
+    """The store named by ``--url`` (PostgreSQL) or ``--db`` (a SQLite file)."""
+    if url:
+        if not url.startswith(("postgresql://", "postgres://")):
+            raise ConfigurationError(f"--url must be a postgresql:// URL, not {url!r}")
+        from loom.storage import PostgresStore
+
+        return PostgresStore(url)
+    if db.startswith(("postgresql://", "postgres://")):
+        raise ConfigurationError("--db takes a SQLite file; pass a PostgreSQL URL with --url")
+    return loom.SQLiteStore(db)
+
+
+def _runtime(db: str, url: str | None, flows_app: str | None = None) -> WorkflowRuntime:
+    runtime = WorkflowRuntime(open_store(db, url), timers=False)
+    if flows_app is not None:
+        runtime.register(*base.load_flows(flows_app))
+    return runtime
+
+
+def _fail(exc: LoomError, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps({"error": exc.to_dict()}))
+    else:
+        err_console.print(f"[red]error:[/] {exc}")
+    raise typer.Exit(1)
+
+
+def _progress() -> Progress:
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        console=err_console,
+        transient=True,
+    )
+
+
+def logs(
+    execution_id: str,
+    db: base.DbOption = "loom.db",
+    url: UrlOption = None,
+    after: Annotated[int, typer.Option("--after", help="Only events after this sequence.")] = -1,
+    as_json: base.JsonOption = False,
+) -> None:
+    """Show an execution's timeline: one row per event."""
+
+    async def go() -> list[loom.Envelope]:
+        async with _runtime(db, url) as rt:
+            envelopes = await rt.store.read(execution_id)
+            if not envelopes:
+                raise ExecutionNotFoundError(
+                    f"no execution {execution_id!r} in this store", execution_id=execution_id
+                )
+            return [e for e in envelopes if e.sequence > after]
+
+    envelopes = base._run(go, as_json)
+    if as_json:
+        print(json.dumps(timeline_rows(envelopes)))
+    else:
+        render_timeline(base.console, envelopes, execution_id)
+
+
+def export(
+    execution_ids: Annotated[list[str] | None, typer.Argument(help="Executions to export.")] = None,
+    all_executions: Annotated[
+        bool, typer.Option("--all", help="Export every execution in the store.")
+    ] = False,
+    out: Annotated[
+        Path | None, typer.Option("--out", help="Write here instead of standard output.")
+    ] = None,
+    db: base.DbOption = "loom.db",
+    url: UrlOption = None,
+) -> None:
+    """Export executions as their log (a JSON array of envelopes, the golden-log format): an
+    exported execution replays in a test with ``loom.testing.replay_flow``."""
+    if not execution_ids and not all_executions:
+        _fail(ConfigurationError("name the executions to export, or pass --all"), False)
+
+    async def go() -> list[dict[str, Any]]:
+        async with _runtime(db, url) as rt:
+            ids = list(execution_ids or [])
+            if all_executions:
+                ids = [i async for i in rt.store.iterate_execution_ids()]
+            rows: list[dict[str, Any]] = []
+            with _progress() as bar:
+                task = bar.add_task("exporting", total=len(ids))
+                for eid in ids:
+                    envelopes = await rt.store.read(eid)
+                    if not envelopes:
+                        raise ExecutionNotFoundError(
+                            f"no execution {eid!r} in this store", execution_id=eid
+                        )
+                    rows.extend(e.to_dict() for e in envelopes)
+                    bar.advance(task)
+            return rows
+
+    rows = base._run(go, False)
+    text = json.dumps(rows, indent=1, ensure_ascii=False)
+    if out is None:
+        sys.stdout.write(text + "\n")
+    else:
+        out.write_text(text + "\n", encoding="utf-8")
+        err_console.print(f"exported {len(rows)} events to {out}")
+
+
+def _decide(
+    execution_id: str,
+    *,
+    approve: bool,
+    by: str | None,
+    reason: str | None,
+    data: str | None,
+    db: str,
+    url: str | None,
+    flows_app: str | None,
+    as_json: bool,
+) -> None:
+    from loom.console._decide import decision_payload, gate_schema
+
+    extra: Any = None
+    if data is not None:
+        try:
+            extra = decode_json(data)
+        except PayloadError as exc:
+            _fail(
+                PayloadError(
+                    f"--data is not acceptable JSON: {exc.message}",
+                    execution_id=execution_id,
+                    hint="Nothing was recorded",
+                ),
+                as_json,
+            )
+
+    async def go() -> loom.ExecutionState:
+        async with _runtime(db, url, flows_app) as rt:
+            state = await rt.load_state(execution_id)
+            if state is None:
+                raise ExecutionNotFoundError(
+                    f"no execution {execution_id!r} in this store", execution_id=execution_id
+                )
+            gate = state.waiting
+            flow = rt.get_flow(state.flow_id, state.flow_version)
+            event = gate.event_type if gate is not None else ""
+            payload = decision_payload(
+                state,
+                gate_schema(flow, event),
+                approve=approve,
+                by=by,
+                reason=reason,
+                data=extra,
+            )
+            handle = await rt.resume(execution_id, event, payload)
+            return await handle.settled()
+
+    state = base._run(go, as_json)
+    if as_json:
+        print(json.dumps(state.to_dict()))
+    else:
+        render_state(base.console, state)
+
+
+ByOption = Annotated[
+    str | None, typer.Option("--by", help="Who decides (recorded with the decision).")
+]
+DataOption = Annotated[
+    str | None, typer.Option("--data", help="More fields of the decision, as a JSON object.")
+]
+
+
+def approve(
+    execution_id: str,
+    by: ByOption = None,
+    data: DataOption = None,
+    db: base.DbOption = "loom.db",
+    url: UrlOption = None,
+    flows_app: base.AppOption = None,
+    as_json: base.JsonOption = False,
+) -> None:
+    """Approve the gate an execution waits on, and run it on to its next gate or its end."""
+    _decide(
+        execution_id,
+        approve=True,
+        by=by,
+        reason=None,
+        data=data,
+        db=db,
+        url=url,
+        flows_app=flows_app,
+        as_json=as_json,
+    )
+
+
+def reject(
+    execution_id: str,
+    by: ByOption = None,
+    reason: Annotated[str | None, typer.Option("--reason", help="Why (recorded).")] = None,
+    data: DataOption = None,
+    db: base.DbOption = "loom.db",
+    url: UrlOption = None,
+    flows_app: base.AppOption = None,
+    as_json: base.JsonOption = False,
+) -> None:
+    """Reject the gate an execution waits on (its flow decides what a rejection does)."""
+    _decide(
+        execution_id,
+        approve=False,
+        by=by,
+        reason=reason,
+        data=data,
+        db=db,
+        url=url,
+        flows_app=flows_app,
+        as_json=as_json,
+    )
+
+
+def upgrade_check(
+    flows_app: Annotated[
+        str,
+        typer.Option("--app", envvar="LOOM_APP", help="module:attribute of the NEW code's flows."),
+    ],
+    db: base.DbOption = "loom.db",
+    url: UrlOption = None,
+    as_json: base.JsonOption = False,
+) -> None:
+    """Replay every running or suspended execution against the code in --app (no effect runs)
+    and name those that would hit NonDeterminismError after a deploy. Exit 1 if any would."""
+    from loom.testing import upgrade_check as check
+
+    async def go() -> Any:
+        flows = base.load_flows(flows_app)
+        store = open_store(db, url)
+        try:
+            with _progress() as bar:
+                task = bar.add_task("replaying", total=None)
+                return await check(store, flows, progress=lambda n: bar.update(task, completed=n))
+        finally:
+            await store.close()
+
+    report = base._run(go, as_json)
+    if as_json:
+        print(json.dumps(report.to_dict()))
+    elif report.ok:
+        base.console.print(
+            f"[green]ok:[/] {report.checked} in-flight execution(s) replay unchanged"
+        )
+    else:
+        from rich.table import Table
+
+        table = Table(title=f"{len(report.issues)} of {report.checked} in-flight executions")
+        for col in ("execution", "flow", "status", "kind", "position", "recorded", "new code"):
+            table.add_column(col, overflow="fold")
+        for i in report.issues:
+            table.add_row(
+                i.execution_id,
+                f"{i.flow_id} v{i.flow_version}",
+                i.status,
+                i.kind,
+                "" if i.position is None else str(i.position),
+                i.recorded or "",
+                i.requested or i.message,
+            )
+        base.console.print(table)
+    if not report.ok:
+        raise typer.Exit(1)
+
+
+def register(app: typer.Typer) -> None:
+    """Add the operator commands to the ``loom`` app."""
+    app.command()(logs)
+    app.command()(export)
+    app.command()(approve)
+    app.command()(reject)
+    app.command("upgrade-check")(upgrade_check)

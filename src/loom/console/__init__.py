@@ -1,0 +1,1 @@
+"""``loom console``: the web inspector, and the gate-decision helpers the CLI shares with it."""
