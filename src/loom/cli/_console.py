@@ -1,4 +1,5 @@
-"""The operator commands: ``logs``, ``export``, ``approve``, ``reject`` and ``upgrade-check``."""
+"""The operator commands: ``logs``, ``export``, ``approve``, ``reject``, ``upgrade-check`` and
+``console`` (the web inspector)."""
 
 from __future__ import annotations
 
@@ -301,6 +302,41 @@ def upgrade_check(
         raise typer.Exit(1)
 
 
+def console_command(
+    db: base.DbOption = "loom.db",
+    url: UrlOption = None,
+    host: Annotated[str, typer.Option("--host", help="Address to bind.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", help="Port to listen on.")] = 35789,
+    flows_app: base.AppOption = None,
+) -> None:
+    """Serve the web inspector (executions, timelines, gates) on http://HOST:PORT/."""
+    import os
+
+    try:
+        import uvicorn
+
+        from loom.console import ConsoleConfig, create_app
+    except ImportError as exc:
+        _fail(
+            ConfigurationError(
+                f"the console needs the 'console' extra ({exc.name} is not installed): "
+                "pip install 'loom-runtime[console]'"
+            ),
+            False,
+        )
+        return
+    try:
+        flows = base.load_flows(flows_app) if flows_app else []
+        config = ConsoleConfig(host=host, token=os.environ.get("LOOM_CONSOLE_TOKEN") or None)
+        config.check_binding()
+        application = create_app(open_store(db, url), flows, config=config)
+    except LoomError as exc:
+        _fail(exc, False)
+        return
+    base.console.print(f"Loom console on [cyan]http://{host}:{port}/[/] (Ctrl-C stops it)")
+    uvicorn.run(application, host=host, port=port, log_level="warning")
+
+
 def register(app: typer.Typer) -> None:
     """Add the operator commands to the ``loom`` app."""
     app.command()(logs)
@@ -308,3 +344,4 @@ def register(app: typer.Typer) -> None:
     app.command()(approve)
     app.command()(reject)
     app.command("upgrade-check")(upgrade_check)
+    app.command("console")(console_command)
