@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 from typer.testing import CliRunner
@@ -14,6 +17,7 @@ from loom.testing import replay_flow
 from tests import upgrade_flows as uf
 
 runner = CliRunner()
+ROOT = Path(__file__).resolve().parent.parent
 APP = "tests.upgrade_flows:FLOWS_V1"
 
 
@@ -82,3 +86,17 @@ def test_approve_and_reject_with_identity(db_path: Path) -> None:
     assert bad.exit_code == 1 and "not acceptable JSON" in bad.output
     shown = json.loads(runner.invoke(app, ["show", "x1", "--db", db, "--json"]).stdout)
     assert shown["state"]["status"] == "suspended"
+
+
+def test_console_refuses_a_public_address_without_a_token(db_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "LOOM_CONSOLE_TOKEN"}
+    out = subprocess.run(
+        [sys.executable, "-m", "loom.cli", "console", "--db", str(db_path), "--host", "0.0.0.0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**env, "PYTHONPATH": str(ROOT)},
+    )
+    assert out.returncode == 1
+    assert "LOOM_CONSOLE_TOKEN" in out.stdout + out.stderr
+    assert "Traceback" not in out.stdout + out.stderr

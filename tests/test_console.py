@@ -252,3 +252,44 @@ async def test_live_events_resume_with_last_event_id(console: Console) -> None:
     finally:
         server.should_exit = True
         await task
+
+
+async def test_over_postgres_behind_a_tenant_view() -> None:
+    from loom.storage import PostgresStore, TenantScopedEventStore
+    from tests._pg import require_pg, temp_schema
+
+    dsn = require_pg()
+    async with temp_schema(dsn) as schema:
+        store = await PostgresStore.open(dsn, schema=schema)
+        try:
+            for tenant, title in (("acme", "mine"), ("other", "theirs")):
+                view = TenantScopedEventStore(store, tenant)
+                async with loom.WorkflowRuntime(view) as rt:
+                    rt.register(*cf.FLOWS)
+                    handle = await rt.start(cf.review, cf.Draft(title=title), execution_id="r1")
+                    await handle.wait_for_suspend()
+            runtime = loom.WorkflowRuntime(TenantScopedEventStore(store, "acme"))
+            runtime.register(*cf.FLOWS)
+            app = create_app(runtime.store, runtime=runtime)
+            async with httpx.AsyncClient(
+                transport=httpx.ASGITransport(app=app), base_url=BASE
+            ) as c:
+                items = (await c.get("/api/executions")).json()["items"]
+                assert [i["execution_id"] for i in items] == ["r1"]
+                page = await c.get("/executions/r1")
+                assert "mine" in page.text and "theirs" not in page.text
+                token = await _csrf(c)
+                r = await c.post(
+                    "/api/executions/r1/resume",
+                    json={
+                        "event_type": "Approval",
+                        "payload": {"approved": True, "approved_by": "pg"},
+                    },
+                    headers={"x-csrf-token": token},
+                )
+                assert r.status_code == 200, r.text
+            state = await runtime.handle("r1").wait_for_completion(timeout=30)
+            assert state.output["by"] == "pg"
+            await runtime.close()
+        finally:
+            await store.close()
