@@ -32,7 +32,7 @@ class Console:
         return httpx.AsyncClient(transport=httpx.ASGITransport(app=self.app), base_url=BASE, **kw)
 
     async def events_of(self, eid: str) -> list[str]:
-        return [e.type.value for e in await self.runtime.store.read(eid)]
+        return [str(e.type) for e in await self.runtime.store.read(eid)]
 
 
 @pytest.fixture

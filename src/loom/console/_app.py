@@ -228,7 +228,7 @@ async def decide(request: Request) -> Response:
     ctx = _gate_context(data, state)
     event_type = form.get("event_type", "")
     back = form.get("back") or f"/executions/{eid}"
-    if not back.startswith("/"):
+    if not back.startswith("/") or back.startswith("//"):  # a path here, never another site
         back = f"/executions/{eid}"
     try:
         if ctx is None or ctx["timer"]:

@@ -48,7 +48,7 @@ def execution_row(state: ExecutionState) -> dict[str, Any]:
 def envelope_row(env: Envelope) -> dict[str, Any]:
     return {
         "sequence": env.sequence,
-        "type": env.type.value,
+        "type": str(env.type),
         "recorded_at": env.recorded_at,
         "time": fmt_time(env.recorded_at),
         "fence": env.fence,
@@ -65,14 +65,14 @@ def step_rows(state: ExecutionState, envelopes: list[Envelope]) -> list[dict[str
         pos = env.payload.get("position")
         if not isinstance(pos, int):
             continue
-        if env.type.value in ("STEP_STARTED", "EXECUTION_SUSPENDED", "TIMER_SCHEDULED"):
+        if str(env.type) in ("STEP_STARTED", "EXECUTION_SUSPENDED", "TIMER_SCHEDULED"):
             started.setdefault(pos, env.recorded_at)
-        if env.type.value == "STEP_COMPLETED":
+        if str(env.type) == "STEP_COMPLETED":
             began = env.payload.get("started_at")
             if isinstance(began, (int, float)):
                 started.setdefault(pos, float(began))
             ended[pos] = env.recorded_at
-        elif env.type.value in ("STEP_FAILED", "EXECUTION_RESUMED", "TIMER_FIRED"):
+        elif str(env.type) in ("STEP_FAILED", "EXECUTION_RESUMED", "TIMER_FIRED"):
             ended[pos] = env.recorded_at
     rows = []
     for pos in sorted(state.ops):
