@@ -30,7 +30,7 @@ if str(ROOT) not in sys.path:
 
 import loom  # noqa: E402
 from loom.console import create_app  # noqa: E402
-from loom.console._data import ExecutionQuery  # noqa: E402
+from loom.console._data import ListQuery  # noqa: E402
 from loom.model import EventType  # noqa: E402
 
 
@@ -108,7 +108,7 @@ async def measure(db: Path, rounds: int) -> list[tuple[str, float, float, str]]:
             data = app.state.data
 
             async def fold_page() -> None:
-                await data.list_executions(ExecutionQuery(after=cursor))
+                await data.list_executions(ListQuery(after=cursor))
 
             checks: list[tuple[str, Any, str]] = [
                 ("store: one page of 50 ids (floor)", floor, ""),

@@ -72,19 +72,63 @@ async def test_pages_render_and_escape_the_log(console: Console) -> None:
 
 async def test_keyset_pagination(console: Console) -> None:
     async with console.client() as c:
-        first = (await c.get("/api/executions", params={"limit": 2})).json()
-        assert [r["execution_id"] for r in first["items"]] == ["review-0", "review-1"]
-        second = (
-            await c.get("/api/executions", params={"limit": 2, "after": first["next_cursor"]})
-        ).json()
-        assert [r["execution_id"] for r in second["items"]] == ["review-2", "review-done"]
-        third = (
-            await c.get("/api/executions", params={"limit": 2, "after": second["next_cursor"]})
-        ).json()
-        assert [r["execution_id"] for r in third["items"]] == ["review-gone"]
-        assert third["next_cursor"] is None
+        pages: list[list[str]] = []
+        cursor = None
+        while True:
+            params: dict[str, Any] = {"limit": 2}
+            if cursor is not None:
+                params["after"] = cursor
+            body = (await c.get("/api/executions", params=params)).json()
+            pages.append([r["execution_id"] for r in body["items"]])
+            cursor = body["next_cursor"]
+            if cursor is None:
+                break
+        assert [len(p) for p in pages] == [2, 2, 1]
+        seen = [eid for p in pages for eid in p]
+        assert sorted(seen) == ["review-0", "review-1", "review-2", "review-done", "review-gone"]
+        # The index lists newest first.
+        assert seen[0] == "review-gone" and seen[-1] == "review-0"
         html = await c.get("/executions", params={"limit": 2})
-        assert 'rel="next"' in html.text and "after=review-1" in html.text
+        link = re.search(r'rel="next" href="([^"]+)"', html.text)
+        assert link is not None
+        nxt = await c.get(link.group(1).replace("&amp;", "&"))
+        assert "review-2" in nxt.text and "review-gone" not in nxt.text
+
+
+class _NoIndex:
+    """A store without the index capability (a third party's): the console scans ids."""
+
+    def __init__(self, store: Any) -> None:
+        self._store = store
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("list_executions", "get_summary"):
+            raise AttributeError(name)
+        return getattr(self._store, name)
+
+
+async def test_a_store_without_an_index_is_scanned(db_path: Path) -> None:
+    await cf.populate(str(db_path))
+    runtime = loom.WorkflowRuntime(_NoIndex(loom.SQLiteStore(db_path)))  # type: ignore[arg-type]
+    runtime.register(*cf.FLOWS)
+    app = create_app(runtime.store, runtime=runtime)
+    try:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url=BASE) as c:
+            first = (await c.get("/api/executions", params={"limit": 3})).json()
+            assert [r["execution_id"] for r in first["items"]] == [
+                "review-0",
+                "review-1",
+                "review-2",
+            ]
+            rest = (await c.get("/api/executions", params={"after": first["next_cursor"]})).json()
+            assert [r["execution_id"] for r in rest["items"]] == ["review-done", "review-gone"]
+            only = (await c.get("/api/executions", params={"status": "cancelled"})).json()
+            assert [r["execution_id"] for r in only["items"]] == ["review-gone"]
+            gates = (await c.get("/api/gates")).json()["items"]
+            assert len(gates) == 3
+            assert (await c.get("/executions/review-0")).status_code == 200
+    finally:
+        await runtime.close()
 
 
 async def test_state_at_any_sequence_and_bad_sequences(console: Console) -> None:

@@ -31,7 +31,7 @@ async def list_executions(request: Request) -> Response:
     page = await _data(request).list_executions(_query(request))
     return JSONResponse(
         {
-            "items": [execution_row(s) for s in page.items],
+            "items": page.items,
             "next_cursor": page.next_cursor,
             "partial": page.partial,
         }
@@ -46,6 +46,7 @@ async def execution(request: Request) -> Response:
     return JSONResponse(
         {
             "execution": execution_row(state),
+            "related": await data.related(eid),
             "state": state.to_dict(),
             "steps": step_rows(state, envelopes),
             "timeline": [envelope_row(e) for e in envelopes],

@@ -19,12 +19,11 @@ from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from loom.console import _api
-from loom.console._data import ConsoleData, ExecutionQuery
+from loom.console._data import ConsoleData, ListQuery
 from loom.console._decide import form_fields, gate_schema, parse_form
 from loom.console._security import ConsoleConfig, CsrfError, TokenMiddleware, check_csrf
 from loom.console._views import (
     envelope_row,
-    execution_row,
     fmt_time,
     parse_sequence,
     pretty,
@@ -123,7 +122,7 @@ async def root(request: Request) -> Response:
     return RedirectResponse("/executions", status_code=303)
 
 
-def _query(request: Request) -> ExecutionQuery:
+def _query(request: Request) -> ListQuery:
     p = request.query_params
     status = p.get("status") or None
     if status is not None and status not in STATUSES:
@@ -135,11 +134,11 @@ def _query(request: Request) -> ExecutionQuery:
         limit = int(p.get("limit") or 50)
     except ValueError:
         raise ConfigurationError(f"limit {p.get('limit')!r} is not a number") from None
-    return ExecutionQuery(
+    return ListQuery(
         status=status,
         flow_id=p.get("flow") or None,
         id_contains=p.get("q") or None,
-        updated_after=time.time() - SINCE[since] if since else None,
+        created_after=time.time() - SINCE[since] if since else None,
         after=p.get("after") or None,
         limit=max(1, min(limit, 500)),
     )
@@ -154,7 +153,7 @@ async def executions_page(request: Request) -> Response:
         "executions.html",
         {
             "page": page,
-            "rows": [execution_row(s) for s in page.items],
+            "rows": page.items,
             "q": q,
             "params": params,
             "since": request.query_params.get("since", ""),
@@ -200,6 +199,7 @@ async def execution_page(request: Request) -> Response:
             "events": [envelope_row(e) for e in envelopes],
             "steps": step_rows(state, envelopes),
             "gate": _gate_context(data, state),
+            "related": await data.related(eid),
             "error": request.query_params.get("error"),
             "title": eid,
         },

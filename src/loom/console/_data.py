@@ -1,8 +1,9 @@
 """Everything the console reads and changes, in one place.
 
-The pages and the JSON API call only this module. Listing is keyset-paged over the store's
-execution ids (each page folds only its own executions from their snapshots); when the
-execution index (``loom.views``) is available this is the one place that switches to it.
+The pages and the JSON API call only this module. A store with an execution index (the
+``ExecutionIndex`` capability: ``list_executions``) answers listings from it, newest first, one
+query per page. A store without one (a third party's) is listed in id order, keyset-paged over
+``iterate_execution_ids``, folding only the executions of the page.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from loom.errors import ConfigurationError, ExecutionNotFoundError, FlowNotFound
 from loom.model import Envelope, ExecutionState, ExecutionStatus, replay
 from loom.runtime import ExecutionHandle, Flow, WorkflowRuntime
 
-__all__ = ["ConsoleData", "ExecutionPage", "ExecutionQuery"]
+__all__ = ["ConsoleData", "ListPage", "ListQuery"]
 
 TIMER_EVENT = "loom.timer"
 #: How many ids one listing request may look at to fill a filtered page.
@@ -25,39 +26,59 @@ SETTLE_WAIT = 0.5
 
 
 @dataclass(frozen=True, slots=True)
-class ExecutionQuery:
+class ListQuery:
     """A listing request: filters, the cursor of the page before, and the page size."""
 
     status: str | None = None
     flow_id: str | None = None
     id_contains: str | None = None
-    updated_after: float | None = None
-    updated_before: float | None = None
+    created_after: float | None = None
     after: str | None = None
     limit: int = 50
 
 
 @dataclass(slots=True)
-class ExecutionPage:
-    """One page of executions; ``next_cursor`` is None on the last page."""
+class ListPage:
+    """One page of execution rows (see :func:`row_of_state`); ``next_cursor`` is None on the
+    last page. ``partial``: a store without an index stopped looking before filling it."""
 
-    items: list[ExecutionState]
+    items: list[dict[str, Any]]
     next_cursor: str | None
     scanned: int = 0
     partial: bool = field(default=False)
 
 
-def _matches(state: ExecutionState, q: ExecutionQuery) -> bool:
+@dataclass(slots=True)
+class GatePage:
+    items: list[ExecutionState]
+    partial: bool = False
+
+
+def row_of_state(state: ExecutionState) -> dict[str, Any]:
+    """The list row of a folded execution (the same keys as an index summary's)."""
+    forked = state.forked_from or {}
+    return {
+        "execution_id": state.execution_id,
+        "flow_id": state.flow_id,
+        "flow_version": state.flow_version,
+        "status": state.status.value,
+        "waiting_for": state.waiting.event_type if state.waiting else None,
+        "parent_id": None,
+        "forked_from": forked.get("parent_id") or forked.get("execution_id"),
+        "created_at": state.started_at,
+        "updated_at": state.updated_at,
+    }
+
+
+def _matches(state: ExecutionState, q: ListQuery) -> bool:
     if q.status and state.status.value != q.status:
         return False
     if q.flow_id and state.flow_id != q.flow_id:
         return False
     if q.id_contains and q.id_contains not in state.execution_id:
         return False
-    updated = state.updated_at or state.started_at or 0.0
-    if q.updated_after is not None and updated < q.updated_after:
-        return False
-    return not (q.updated_before is not None and updated > q.updated_before)
+    created = state.started_at or 0.0
+    return not (q.created_after is not None and created <= q.created_after)
 
 
 class ConsoleData:
@@ -69,26 +90,48 @@ class ConsoleData:
 
     # ------------------------------------------------------------------ reading
 
-    async def list_executions(self, q: ExecutionQuery) -> ExecutionPage:
-        """A page of executions in id order after ``q.after`` (keyset, never OFFSET)."""
-        items: list[ExecutionState] = []
+    def _index(self) -> Any:
+        """The store's execution index, or None (a store without the capability)."""
+        return self.store if callable(getattr(self.store, "list_executions", None)) else None
+
+    async def list_executions(self, q: ListQuery) -> ListPage:
+        """A page of executions after the cursor ``q.after`` (keyset, never OFFSET)."""
+        index = self._index()
+        if index is not None:
+            from loom.storage import ExecutionQuery
+
+            page = await index.list_executions(
+                ExecutionQuery(
+                    statuses=[q.status] if q.status else None,
+                    flow_id=q.flow_id,
+                    id_contains=q.id_contains,
+                    created_after=q.created_after,
+                    limit=q.limit,
+                    cursor=q.after,
+                )
+            )
+            return ListPage([s.to_dict() for s in page.items], page.next_cursor)
+        return await self._scan(q)
+
+    async def _scan(self, q: ListQuery) -> ListPage:
+        items: list[dict[str, Any]] = []
         scanned = 0
         last: str | None = None
-        filtered = bool(q.status or q.flow_id or q.id_contains or q.updated_after)
+        filtered = bool(q.status or q.flow_id or q.id_contains or q.created_after)
         page_size = q.limit + 1 if not filtered else 256
         async for eid in self.store.iterate_execution_ids(after=q.after, page_size=page_size):
             if len(items) == q.limit:
-                return ExecutionPage(items, last, scanned)
+                return ListPage(items, last, scanned)
             if scanned >= SCAN_LIMIT:
-                return ExecutionPage(items, last, scanned, partial=True)
+                return ListPage(items, last, scanned, partial=True)
             scanned += 1
             last = eid
             if q.id_contains and q.id_contains not in eid:
                 continue
             state = await self.runtime.load_state(eid)
             if state is not None and _matches(state, q):
-                items.append(state)
-        return ExecutionPage(items, None, scanned)
+                items.append(row_of_state(state))
+        return ListPage(items, None, scanned)
 
     async def state(self, execution_id: str, at: int | None = None) -> ExecutionState:
         """The folded state (as of sequence ``at``), or ExecutionNotFoundError."""
@@ -124,29 +167,53 @@ class ConsoleData:
             if highest <= last:
                 yield None
 
-    async def children(self, execution_id: str) -> list[str]:
-        """Executions forked from this one (found by their fork record)."""
-        # Without the execution index this would fold every execution; the page links
-        # the parent of a fork (from its own log) and leaves children to the index.
-        return []
+    async def related(self, execution_id: str) -> dict[str, Any]:
+        """The parent, child executions and forks of an execution (from the index; a store
+        without one shows the fork parent recorded in the execution's own log only)."""
+        index = self._index()
+        if index is None:
+            return {"parent": None, "children": [], "forks": []}
+        from loom.storage import ExecutionQuery
 
-    async def open_gates(self, limit: int = 200) -> ExecutionPage:
-        """Suspended executions waiting on a gate (not a sleep), in id order."""
-        items: list[ExecutionState] = []
+        summary = await index.get_summary(execution_id)
+        children = await index.list_executions(ExecutionQuery(parent_id=execution_id, limit=50))
+        forks = await index.list_executions(ExecutionQuery(forked_from=execution_id, limit=50))
+        return {
+            "parent": summary.parent_id if summary is not None else None,
+            "children": [s.execution_id for s in children.items],
+            "forks": [s.execution_id for s in forks.items],
+        }
+
+    async def open_gates(self, limit: int = 100) -> GatePage:
+        """Suspended executions waiting on a gate (not a sleep), folded for their forms."""
+        index = self._index()
+        states: list[ExecutionState] = []
+        if index is not None:
+            from loom.storage import ExecutionQuery
+
+            cursor = None
+            while len(states) < limit:
+                page = await index.list_executions(
+                    ExecutionQuery(statuses=["suspended"], limit=limit, cursor=cursor)
+                )
+                for summary in page.items:
+                    if summary.waiting_for and summary.waiting_for != TIMER_EVENT:
+                        state = await self.runtime.load_state(summary.execution_id)
+                        if state is not None and _is_gate(state):
+                            states.append(state)
+                cursor = page.next_cursor
+                if cursor is None:
+                    return GatePage(states)
+            return GatePage(states[:limit], partial=True)
         scanned = 0
         async for eid in self.store.iterate_execution_ids(page_size=256):
             scanned += 1
-            if scanned > SCAN_LIMIT * 5 or len(items) >= limit:
-                return ExecutionPage(items, eid, scanned, partial=True)
+            if scanned > SCAN_LIMIT * 5 or len(states) >= limit:
+                return GatePage(states, partial=True)
             state = await self.runtime.load_state(eid)
-            if (
-                state is not None
-                and state.status is ExecutionStatus.SUSPENDED
-                and state.waiting is not None
-                and state.waiting.event_type != TIMER_EVENT
-            ):
-                items.append(state)
-        return ExecutionPage(items, None, scanned)
+            if state is not None and _is_gate(state):
+                states.append(state)
+        return GatePage(states)
 
     def flow_for(self, state: ExecutionState) -> Flow[Any, Any] | None:
         """The registered code of an execution, or None when the console was not given it."""
@@ -190,6 +257,14 @@ class ConsoleData:
                 execution_id=state.execution_id,
                 hint="Start it with --app module:flows to decide, recover or resume",
             )
+
+
+def _is_gate(state: ExecutionState) -> bool:
+    return (
+        state.status is ExecutionStatus.SUSPENDED
+        and state.waiting is not None
+        and state.waiting.event_type != TIMER_EVENT
+    )
 
 
 def fold_at(envelopes: list[Envelope], at: int) -> ExecutionState:
