@@ -58,32 +58,36 @@ def test_logs_and_export_replay(db_path: Path, tmp_path: Path) -> None:
     assert nothing.exit_code == 1
 
 
-def test_approve_and_reject_with_identity(db_path: Path) -> None:
+def test_approve_and_reject_a_plain_gate_with_identity(db_path: Path) -> None:
     _suspended(db_path, "a1", "r1", "x1")
     db = str(db_path)
     ok = runner.invoke(app, ["approve", "a1", "--by", "dba", "--db", db, "--app", APP, "--json"])
     assert ok.exit_code == 0, ok.stdout
-    state = json.loads(ok.stdout)
-    assert state["status"] == "completed" and state["output"] == {"approved": True}
+    summary = json.loads(ok.stdout)
+    assert summary["gate"] == "Approval" and summary["status"] == "completed"
+    assert summary["state"]["output"] == {"approved": True}
     rows = json.loads(runner.invoke(app, ["logs", "a1", "--db", db, "--json"]).stdout)
     resumed = next(r for r in rows if r["type"] == "EXECUTION_RESUMED")
     assert resumed["payload"]["payload"] == {"approved": True, "approved_by": "dba"}
 
     no = runner.invoke(app, ["reject", "r1", "--by", "sec", "--db", db, "--app", APP, "--json"])
-    assert json.loads(no.stdout)["output"] == {"approved": False}
+    assert json.loads(no.stdout)["state"]["output"] == {"approved": False}
 
     # Refusals: one line, exit 1, nothing recorded.
     again = runner.invoke(app, ["approve", "a1", "--by", "dba", "--db", db, "--app", APP])
-    assert again.exit_code == 1 and "not waiting" in again.stdout
-    no_id = runner.invoke(app, ["approve", "x1", "--db", db, "--app", APP, "--json"])
-    assert no_id.exit_code == 1
-    assert json.loads(no_id.stdout)["error"]["type"] == "ResumeValidationError"
+    assert again.exit_code == 1 and "waits on no approval" in again.output
     reason = runner.invoke(
         app, ["reject", "x1", "--by", "a", "--reason", "r", "--db", db, "--app", APP]
     )
-    assert reason.exit_code == 1 and "records no reason" in reason.stdout
-    bad = runner.invoke(app, ["approve", "x1", "--data", "[1", "--db", db, "--app", APP])
-    assert bad.exit_code == 1 and "not acceptable JSON" in bad.output
+    assert reason.exit_code == 1 and "records no reason" in reason.output
+    bad = runner.invoke(
+        app, ["approve", "x1", "--by", "a", "--data", "[1", "--db", db, "--app", APP]
+    )
+    assert bad.exit_code == 1 and "--data is not JSON" in bad.output
+    not_object = runner.invoke(
+        app, ["approve", "x1", "--by", "a", "--data", "[1]", "--db", db, "--app", APP, "--json"]
+    )
+    assert json.loads(not_object.stdout)["error"]["code"] == "configuration"
     shown = json.loads(runner.invoke(app, ["show", "x1", "--db", db, "--json"]).stdout)
     assert shown["state"]["status"] == "suspended"
 

@@ -1,4 +1,5 @@
-"""``loom approve`` / ``loom reject``: vote on the tool call an agent waits to run."""
+"""``loom approve`` / ``loom reject``: vote on the tool call an agent waits to run, or decide
+the plain gate (``ctx.suspend``) an execution waits on."""
 
 from __future__ import annotations
 
@@ -28,6 +29,12 @@ HashOption = Annotated[
 
 DbOption = Annotated[str, typer.Option("--db", envvar="LOOM_DB", help="SQLite file of the store.")]
 JsonOption = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
+DataOption = Annotated[
+    str | None,
+    typer.Option(
+        "--data", help="A plain gate only: more fields of the decision, as a JSON object."
+    ),
+]
 AppOption = Annotated[
     str | None,
     typer.Option(
@@ -51,21 +58,16 @@ def register(app: typer.Typer) -> None:
             str | None,
             typer.Option("--args", help="Edited arguments as JSON (they need their own votes)."),
         ] = None,
+        data: DataOption = None,
         db: DbOption = "loom.db",
         flows_app: AppOption = None,
         as_json: JsonOption = False,
     ) -> None:
-        """Approve the tool call an agent waits on (one vote toward its quorum)."""
-        edited = None
-        if args is not None:
-            try:
-                edited = decode_json(args)
-            except PayloadError as exc:
-                _fail(
-                    PayloadError(f"--args is not JSON: {exc.message}", hint="Nothing was recorded"),
-                    as_json,
-                )
-        _vote(execution_id, by, True, reason, args_hash, edited, db, flows_app, as_json)
+        """Approve the tool call an agent waits on (one vote toward its quorum), or the plain
+        gate an execution waits on (``approved``, the identity field of its schema)."""
+        edited = _json_option("--args", args, as_json)
+        extra = _json_option("--data", data, as_json)
+        _vote(execution_id, by, True, reason, args_hash, edited, db, flows_app, as_json, extra)
 
     @app.command()
     def reject(
@@ -73,12 +75,27 @@ def register(app: typer.Typer) -> None:
         by: ByOption,
         reason: ReasonOption = None,
         args_hash: HashOption = None,
+        data: DataOption = None,
         db: DbOption = "loom.db",
         flows_app: AppOption = None,
         as_json: JsonOption = False,
     ) -> None:
-        """Reject the tool call an agent waits on (the model is told, with your reason)."""
-        _vote(execution_id, by, False, reason, args_hash, None, db, flows_app, as_json)
+        """Reject the tool call an agent waits on (the model is told, with your reason), or
+        the plain gate an execution waits on (its flow decides what a rejection does)."""
+        extra = _json_option("--data", data, as_json)
+        _vote(execution_id, by, False, reason, args_hash, None, db, flows_app, as_json, extra)
+
+
+def _json_option(name: str, text: str | None, as_json: bool) -> Any:
+    if text is None:
+        return None
+    try:
+        return decode_json(text)
+    except PayloadError as exc:
+        _fail(
+            PayloadError(f"{name} is not JSON: {exc.message}", hint="Nothing was recorded"), as_json
+        )
+    return None
 
 
 def _fail(exc: LoomError, as_json: bool) -> None:
@@ -99,18 +116,42 @@ def _vote(
     db: str,
     flows_app: str | None,
     as_json: bool,
+    data: Any = None,
 ) -> None:
     from loom.agents import pending_approval, vote
     from loom.cli._app import _runtime, load_flows
+    from loom.cli._console import decide_gate
 
     async def go() -> dict[str, Any]:
         async with _runtime(db, load_flows(flows_app)) as rt:
             request = await pending_approval(rt, execution_id)
             if request is None:
-                raise NotWaitingError(
-                    f"execution {execution_id!r} waits on no approval",
+                current = await rt.load_state(execution_id)
+                if current is None or current.waiting is None:
+                    raise NotWaitingError(
+                        f"execution {execution_id!r} waits on no approval",
+                        execution_id=execution_id,
+                        hint=f"See `loom show {execution_id}`",
+                    )
+                # A plain gate (ctx.suspend): decide it through its resume schema.
+                gate = current.waiting.event_type
+                state = await decide_gate(
+                    rt, execution_id, approve=approve, by=by, reason=reason, data=data
+                )
+                return {
+                    "execution_id": execution_id,
+                    "vote": "approve" if approve else "reject",
+                    "by": by,
+                    "gate": gate,
+                    "status": state.status.value,
+                    "state": state.to_dict(),
+                }
+            if data is not None:
+                raise PayloadError(
+                    "--data decides a plain gate; this execution waits on an agent's tool "
+                    "call (edit its arguments with --args)",
                     execution_id=execution_id,
-                    hint=f"See `loom show {execution_id}`",
+                    hint="Nothing was recorded",
                 )
             handle = await vote(
                 rt,
@@ -143,6 +184,12 @@ def _vote(
         print(json.dumps(summary))
         return
     verdict = "approved" if approve else "rejected"
+    if "gate" in summary:
+        console.print(
+            f"{verdict} by {by}: gate {summary['gate']}; "
+            f"execution {execution_id} is {summary['status']}"
+        )
+        return
     call = f"{summary['tool']}({json.dumps(summary['args'])})"
     console.print(f"{verdict} by {by}: {call} [dim]{summary['args_hash'][:16]}[/]")
     after = summary["waiting_for"]

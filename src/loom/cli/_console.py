@@ -1,5 +1,5 @@
-"""The operator commands: ``logs``, ``export``, ``approve``, ``reject``, ``upgrade-check`` and
-``console`` (the web inspector)."""
+"""The operator commands: ``logs``, ``export``, ``upgrade-check`` and ``console`` (the web
+inspector), and the plain-gate decisions behind ``loom approve/reject``."""
 
 from __future__ import annotations
 
@@ -14,13 +14,12 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
 import loom
 from loom.cli import _app as base
-from loom.cli._render import render_state, render_timeline, timeline_rows
-from loom.errors import ConfigurationError, ExecutionNotFoundError, LoomError, PayloadError
-from loom.model import decode_json
+from loom.cli._render import render_timeline, timeline_rows
+from loom.errors import ConfigurationError, ExecutionNotFoundError, LoomError
 from loom.runtime import WorkflowRuntime
 from loom.storage import Store
 
-__all__ = ["register"]
+__all__ = ["decide_gate", "register"]
 
 err_console = Console(stderr=True, highlight=False)
 
@@ -140,115 +139,33 @@ def export(
         err_console.print(f"exported {len(rows)} events to {out}")
 
 
-def _decide(
+async def decide_gate(
+    rt: WorkflowRuntime,
     execution_id: str,
     *,
     approve: bool,
     by: str | None,
     reason: str | None,
-    data: str | None,
-    db: str,
-    url: str | None,
-    flows_app: str | None,
-    as_json: bool,
-) -> None:
+    data: Any = None,
+) -> loom.ExecutionState:
+    """Approve or reject the plain gate (``ctx.suspend``) an execution waits on, filling the
+    gate schema's conventional fields (see :mod:`loom.console._decide`), and run it on to its
+    next wait or its end. ``loom approve/reject`` use it when no agent approval is open."""
     from loom.console._decide import decision_payload, gate_schema
 
-    extra: Any = None
-    if data is not None:
-        try:
-            extra = decode_json(data)
-        except PayloadError as exc:
-            _fail(
-                PayloadError(
-                    f"--data is not acceptable JSON: {exc.message}",
-                    execution_id=execution_id,
-                    hint="Nothing was recorded",
-                ),
-                as_json,
-            )
-
-    async def go() -> loom.ExecutionState:
-        async with _runtime(db, url, flows_app) as rt:
-            state = await rt.load_state(execution_id)
-            if state is None:
-                raise ExecutionNotFoundError(
-                    f"no execution {execution_id!r} in this store", execution_id=execution_id
-                )
-            gate = state.waiting
-            flow = rt.get_flow(state.flow_id, state.flow_version)
-            event = gate.event_type if gate is not None else ""
-            payload = decision_payload(
-                state,
-                gate_schema(flow, event),
-                approve=approve,
-                by=by,
-                reason=reason,
-                data=extra,
-            )
-            handle = await rt.resume(execution_id, event, payload)
-            return await handle.settled()
-
-    state = base._run(go, as_json)
-    if as_json:
-        print(json.dumps(state.to_dict()))
-    else:
-        render_state(base.console, state)
-
-
-ByOption = Annotated[
-    str | None, typer.Option("--by", help="Who decides (recorded with the decision).")
-]
-DataOption = Annotated[
-    str | None, typer.Option("--data", help="More fields of the decision, as a JSON object.")
-]
-
-
-def approve(
-    execution_id: str,
-    by: ByOption = None,
-    data: DataOption = None,
-    db: base.DbOption = "loom.db",
-    url: UrlOption = None,
-    flows_app: base.AppOption = None,
-    as_json: base.JsonOption = False,
-) -> None:
-    """Approve the gate an execution waits on, and run it on to its next gate or its end."""
-    _decide(
-        execution_id,
-        approve=True,
-        by=by,
-        reason=None,
-        data=data,
-        db=db,
-        url=url,
-        flows_app=flows_app,
-        as_json=as_json,
+    state = await rt.load_state(execution_id)
+    if state is None:
+        raise ExecutionNotFoundError(
+            f"no execution {execution_id!r} in this store", execution_id=execution_id
+        )
+    gate = state.waiting
+    flow = rt.get_flow(state.flow_id, state.flow_version)
+    event = gate.event_type if gate is not None else ""
+    payload = decision_payload(
+        state, gate_schema(flow, event), approve=approve, by=by, reason=reason, data=data
     )
-
-
-def reject(
-    execution_id: str,
-    by: ByOption = None,
-    reason: Annotated[str | None, typer.Option("--reason", help="Why (recorded).")] = None,
-    data: DataOption = None,
-    db: base.DbOption = "loom.db",
-    url: UrlOption = None,
-    flows_app: base.AppOption = None,
-    as_json: base.JsonOption = False,
-) -> None:
-    """Reject the gate an execution waits on (its flow decides what a rejection does)."""
-    _decide(
-        execution_id,
-        approve=False,
-        by=by,
-        reason=reason,
-        data=data,
-        db=db,
-        url=url,
-        flows_app=flows_app,
-        as_json=as_json,
-    )
+    handle = await rt.resume(execution_id, event, payload)
+    return await handle.settled()
 
 
 def upgrade_check(
@@ -341,7 +258,5 @@ def register(app: typer.Typer) -> None:
     """Add the operator commands to the ``loom`` app."""
     app.command()(logs)
     app.command()(export)
-    app.command()(approve)
-    app.command()(reject)
     app.command("upgrade-check")(upgrade_check)
     app.command("console")(console_command)
