@@ -44,7 +44,7 @@ def test_logs_and_export_replay(db_path: Path, tmp_path: Path) -> None:
     )
     assert [r["sequence"] for r in after] == [r["sequence"] for r in rows if r["sequence"] > 1]
     missing = runner.invoke(app, ["logs", "ghost", "--db", str(db_path)])
-    assert missing.exit_code == 1 and "ghost" in missing.stdout
+    assert missing.exit_code == 1 and "ghost" in missing.output
 
     out = tmp_path / "e1.json"
     res = runner.invoke(app, ["export", "e1", "--db", str(db_path), "--out", str(out)])

@@ -14,6 +14,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
 import loom
 from loom.cli import _app as base
+from loom.cli import _common as common
 from loom.cli._render import render_timeline, timeline_rows
 from loom.errors import ConfigurationError, ExecutionNotFoundError, LoomError
 from loom.runtime import WorkflowRuntime
@@ -33,7 +34,7 @@ UrlOption = Annotated[
 ]
 
 
-def open_store(db: str, url: str | None) -> Store:
+def open_store(db: str | None, url: str | None) -> Store:
     """The store named by ``--url`` (PostgreSQL) or ``--db`` (a SQLite file)."""
     if url:
         if not url.startswith(("postgresql://", "postgres://")):
@@ -41,12 +42,13 @@ def open_store(db: str, url: str | None) -> Store:
         from loom.storage import PostgresStore
 
         return PostgresStore(url)
+    db = db or "loom.db"
     if db.startswith(("postgresql://", "postgres://")):
         raise ConfigurationError("--db takes a SQLite file; pass a PostgreSQL URL with --url")
     return loom.SQLiteStore(db)
 
 
-def _runtime(db: str, url: str | None, flows_app: str | None = None) -> WorkflowRuntime:
+def _runtime(db: str | None, url: str | None, flows_app: str | None = None) -> WorkflowRuntime:
     runtime = WorkflowRuntime(open_store(db, url), timers=False)
     if flows_app is not None:
         runtime.register(*base.load_flows(flows_app))
@@ -73,10 +75,10 @@ def _progress() -> Progress:
 
 def logs(
     execution_id: str,
-    db: base.DbOption = "loom.db",
+    db: common.DbOption = "loom.db",
     url: UrlOption = None,
     after: Annotated[int, typer.Option("--after", help="Only events after this sequence.")] = -1,
-    as_json: base.JsonOption = False,
+    as_json: common.JsonOption = False,
 ) -> None:
     """Show an execution's timeline: one row per event."""
 
@@ -89,11 +91,11 @@ def logs(
                 )
             return [e for e in envelopes if e.sequence > after]
 
-    envelopes = base._run(go, as_json)
+    envelopes = common.run(go, as_json)
     if as_json:
         print(json.dumps(timeline_rows(envelopes)))
     else:
-        render_timeline(base.console, envelopes, execution_id)
+        render_timeline(common.console, envelopes, execution_id)
 
 
 def export(
@@ -104,7 +106,7 @@ def export(
     out: Annotated[
         Path | None, typer.Option("--out", help="Write here instead of standard output.")
     ] = None,
-    db: base.DbOption = "loom.db",
+    db: common.DbOption = "loom.db",
     url: UrlOption = None,
 ) -> None:
     """Export executions as their log (a JSON array of envelopes, the golden-log format): an
@@ -130,7 +132,7 @@ def export(
                     bar.advance(task)
             return rows
 
-    rows = base._run(go, False)
+    rows = common.run(go, False)
     text = json.dumps(rows, indent=1, ensure_ascii=False)
     if out is None:
         sys.stdout.write(text + "\n")
@@ -173,9 +175,9 @@ def upgrade_check(
         str,
         typer.Option("--app", envvar="LOOM_APP", help="module:attribute of the NEW code's flows."),
     ],
-    db: base.DbOption = "loom.db",
+    db: common.DbOption = "loom.db",
     url: UrlOption = None,
-    as_json: base.JsonOption = False,
+    as_json: common.JsonOption = False,
 ) -> None:
     """Replay every running or suspended execution against the code in --app (no effect runs)
     and name those that would hit NonDeterminismError after a deploy. Exit 1 if any would."""
@@ -191,11 +193,11 @@ def upgrade_check(
         finally:
             await store.close()
 
-    report = base._run(go, as_json)
+    report = common.run(go, as_json)
     if as_json:
         print(json.dumps(report.to_dict()))
     elif report.ok:
-        base.console.print(
+        common.console.print(
             f"[green]ok:[/] {report.checked} in-flight execution(s) replay unchanged"
         )
     else:
@@ -214,17 +216,17 @@ def upgrade_check(
                 i.recorded or "",
                 i.requested or i.message,
             )
-        base.console.print(table)
+        common.console.print(table)
     if not report.ok:
         raise typer.Exit(1)
 
 
 def console_command(
-    db: base.DbOption = "loom.db",
+    db: common.DbOption = "loom.db",
     url: UrlOption = None,
     host: Annotated[str, typer.Option("--host", help="Address to bind.")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", help="Port to listen on.")] = 35789,
-    flows_app: base.AppOption = None,
+    flows_app: common.AppOption = None,
 ) -> None:
     """Serve the web inspector (executions, timelines, gates) on http://HOST:PORT/."""
     import os
@@ -250,7 +252,7 @@ def console_command(
     except LoomError as exc:
         _fail(exc, False)
         return
-    base.console.print(f"Loom console on [cyan]http://{host}:{port}/[/] (Ctrl-C stops it)")
+    common.console.print(f"Loom console on [cyan]http://{host}:{port}/[/] (Ctrl-C stops it)")
     uvicorn.run(application, host=host, port=port, log_level="warning")
 
 
