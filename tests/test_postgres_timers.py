@@ -115,6 +115,7 @@ async def _version_1_schema(dsn: str, schema: str) -> None:
     await _sql(dsn, f'DROP SEQUENCE "{schema}".executions_cursor')
     await _sql(dsn, f'DROP TABLE "{schema}".blobs')
     await _sql(dsn, f'DROP TABLE "{schema}".leases')
+    await _sql(dsn, f'DROP TABLE "{schema}".mailbox')  # and what version 7 added
     await _sql(dsn, f"UPDATE \"{schema}\".meta SET value = '1' WHERE key = 'schema_version'")
 
 
@@ -136,6 +137,7 @@ async def test_a_version_1_schema_is_upgraded_in_place(pg_dsn: str, schema: str)
     stores = await asyncio.gather(*(PostgresStore.open(pg_dsn, schema=schema) for _ in range(4)))
     try:
         assert await _version(pg_dsn, schema) == SCHEMA_VERSION
+        assert await _has_table(pg_dsn, schema, "mailbox")
         assert [e.sequence for e in await stores[1].read("old")] == [0, 1]
         await stores[2].schedule_timer(Timer("old", 2, 1.0, "sleep", "f"))
         assert await stores[3].claim_due_timers(2.0, owner="x", lease=5) == [
@@ -158,6 +160,7 @@ async def test_a_failed_migration_changes_nothing(pg_dsn: str, schema: str) -> N
     store = await PostgresStore.open(pg_dsn, schema=schema)
     try:
         assert await _version(pg_dsn, schema) == SCHEMA_VERSION
+        assert await _has_table(pg_dsn, schema, "mailbox")
         assert await store.last_sequence("old") == 1
     finally:
         await store.close()

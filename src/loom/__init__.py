@@ -17,6 +17,7 @@ from loom.agents import (
     tool,
 )
 from loom.errors import (
+    ConcurrentWaitError,
     ExecutionAlreadyExistsError,
     ExecutionCancelledError,
     ExecutionFailedError,
@@ -57,10 +58,11 @@ from loom.runtime import (
     handler,
     lease_expired,
     recover_abandoned,
+    register_error,
     resource,
     step,
 )
-from loom.storage import InMemoryStore, Snapshot, SQLiteStore
+from loom.storage import InMemoryStore, Message, Snapshot, SQLiteStore
 
 __version__ = "0.1.0"
 
@@ -70,6 +72,7 @@ __all__ = [
     "ApprovalPolicy",
     "Budget",
     "Clock",
+    "ConcurrentWaitError",
     "Envelope",
     "EventType",
     "ExecutionAlreadyExistsError",
@@ -86,6 +89,7 @@ __all__ = [
     "InMemoryStore",
     "InvalidInputError",
     "LoomError",
+    "Message",
     "NonDeterminismError",
     "NotWaitingError",
     "Price",
@@ -112,6 +116,7 @@ __all__ = [
     "handler",
     "lease_expired",
     "recover_abandoned",
+    "register_error",
     "register_event",
     "replay",
     "resource",

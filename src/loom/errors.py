@@ -17,6 +17,7 @@ The tree::
     │   └── GateTimedOutError              the gate's timeout already fired
     ├── NonDeterminismError                replay asked for a different operation
     ├── UnknownEventError                  an event type this process cannot fold
+    ├── ConcurrentWaitError                a flow awaited two gates/sleeps at once
     ├── StepFailedError                    a step exhausted its retry policy
     ├── ExecutionFailedError               the flow raised; carries the recorded error
     ├── ExecutionCancelledError            the execution was cancelled
@@ -33,6 +34,7 @@ The tree::
         ├── StartFencedOutError            a start fenced out by a holder that wrote nothing
         ├── DuplicateSequenceError         expected sequence mismatch (gap or repeat)
         ├── DuplicateEnvelopeIdError       envelope id already stored
+        ├── ExecutionEndedError            an append after the execution's terminal event
         ├── CorruptEventError              checksum mismatch or undecodable record
         └── SchemaVersionError             the database was written by a newer Loom
 
@@ -60,6 +62,7 @@ from typing import Any, ClassVar
 __all__ = [
     "AuthenticationError",
     "CircuitOpenError",
+    "ConcurrentWaitError",
     "ConfigurationError",
     "CorruptEventError",
     "DispatchError",
@@ -67,6 +70,7 @@ __all__ = [
     "DuplicateSequenceError",
     "ExecutionAlreadyExistsError",
     "ExecutionCancelledError",
+    "ExecutionEndedError",
     "ExecutionFailedError",
     "ExecutionNotFoundError",
     "ExecutionSupersededError",
@@ -289,12 +293,27 @@ class UnknownEventError(LoomError):
     )
 
 
+class ConcurrentWaitError(LoomError):
+    """A flow awaited a second durable wait (gate or sleep) while another was still open.
+
+    An execution waits on one thing at a time; awaiting two at once (``asyncio.gather`` of two
+    ``ctx.suspend`` calls) is refused where it happens and fails the execution, rather than
+    leaving one wait unreachable.
+    """
+
+    code = "concurrent_wait"
+    default_hint = (
+        "Await the gates one after the other, or wait for one event type and branch on its payload"
+    )
+
+
 class StepFailedError(LoomError):
     """A step failed on every attempt of its retry policy (or raised TerminalError); the flow
     may catch this. ``error`` is the last attempt's recorded error (``type``, ``message``...).
 
     ``error_type`` is the class name of the step's last exception as recorded (the same on
-    replay); :meth:`caused_by` tells a ``ValueError`` from a timeout.
+    replay); :meth:`caused_by` tells a ``ValueError`` from a timeout. A type registered with
+    ``loom.register_error`` reaches the flow as itself instead.
     """
 
     code = "step_failed"
@@ -471,6 +490,17 @@ class DuplicateSequenceError(StorageError):
 
 class DuplicateEnvelopeIdError(StorageError):
     code = "duplicate_envelope_id"
+
+
+class ExecutionEndedError(StorageError):
+    """An append after the execution's terminal event (completed, failed, cancelled).
+
+    Nothing was written: a terminal event is the last record of a log, whoever tries to write
+    after it (a flow's leftover task, a zombie, a racing resume).
+    """
+
+    code = "execution_ended"
+    default_hint = "The execution already ended; read its outcome with load_state"
 
 
 class CorruptEventError(StorageError):

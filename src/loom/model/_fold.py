@@ -192,6 +192,9 @@ def _resolve(
 
 def _resumed(state: ExecutionState, e: ExecutionResumed, env: Envelope) -> None:
     _resolve(state, env, e.position, e.payload, False)
+    if e.message_id is not None:
+        # Which mailbox message (or keyed resume) the gate took: it decides idempotency.
+        state.ops[e.position].output["message_id"] = e.message_id
 
 
 def _timer_fired(state: ExecutionState, e: TimerFired, env: Envelope) -> None:

@@ -226,9 +226,15 @@ class ExecutionResumed(NamedTuple):
     position: int
     event_type: str
     payload: Any = None
+    #: The mailbox message the gate consumed (runtime.send), or a keyed resume's id; stored
+    #: only when present.
+    message_id: str | None = None
 
     def to_wire(self) -> dict[str, Any]:
-        return {"position": self.position, "event_type": self.event_type, "payload": self.payload}
+        wire = {"position": self.position, "event_type": self.event_type, "payload": self.payload}
+        if self.message_id is not None:
+            wire["message_id"] = self.message_id
+        return wire
 
     @classmethod
     def from_wire(cls, data: Mapping[str, Any]) -> Self:
@@ -241,6 +247,7 @@ class ExecutionResumed(NamedTuple):
                 pos,
                 str(data.get("event_type", "")),
                 data.get("payload"),
+                None if data.get("message_id") is None else str(data["message_id"]),
             ),
         )
 

@@ -13,6 +13,7 @@ from loom.runtime._sdk import (
     current_step,
     flow,
     handler,
+    register_error,
     step,
 )
 from loom.runtime.recovery import RecoveryReport, lease_expired, recover_abandoned
@@ -43,6 +44,7 @@ __all__ = [
     "handler",
     "lease_expired",
     "recover_abandoned",
+    "register_error",
     "register_gate_validator",
     "resource",
     "step",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
 import traceback
@@ -13,17 +14,21 @@ import pydantic
 
 from loom import faults
 from loom.errors import (
+    ConcurrentWaitError,
     ConfigurationError,
+    ExecutionCancelledError,
     GateTimedOutError,
     LoomError,
     NonDeterminismError,
     PayloadError,
+    StaleFenceError,
     StepFailedError,
 )
 from loom.learning import _decisions as _learning
 from loom.model import (
     DecisionRecorded,
     EventPayload,
+    ExecutionResumed,
     ExecutionSuspended,
     OpKind,
     OpRecord,
@@ -36,10 +41,18 @@ from loom.model import (
     WaitOutcome,
     encode_json,
 )
+from loom.runtime._cancel import cancel_request
 from loom.runtime._driver import Driver
 from loom.runtime._intercept import StepCall
-from loom.runtime._sdk import Flow, Step, StepInfo, _current_step, _seconds
-from loom.storage import Timer
+from loom.runtime._sdk import (
+    Flow,
+    Step,
+    StepInfo,
+    _current_step,
+    _seconds,
+    registered_error,
+)
+from loom.storage import Message, Timer
 
 log = logging.getLogger("loom.steps")
 
@@ -74,6 +87,16 @@ def error_record(exc: BaseException) -> dict[str, Any]:
         record = exc.to_dict()
     else:
         record = {"type": type(exc).__name__, "message": str(exc)}
+    name = getattr(type(exc), "__loom_error_name__", None)
+    if isinstance(name, str) and registered_error(name) is type(exc):
+        fields = {"args": list(exc.args), "attrs": dict(vars(exc))}
+        try:
+            encode_json(fields, what="error fields")
+        except PayloadError:
+            pass  # not JSON: it stays a StepFailedError (with error_type) in the flow
+        else:
+            record["registered"] = name
+            record["fields"] = fields
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     record["traceback"] = tb[-4000:]
     return record
@@ -91,6 +114,30 @@ def replayed_value(codec: Any, recorded: Any, ctx: WorkflowContext, what: str) -
             f"code's schema: {exc.error_count()} error(s), first: {exc.errors()[0]['msg']}",
             execution_id=ctx.execution_id,
         ) from exc
+
+
+async def _bounded(step: Step[Any, Any], attempt: int, work: Awaitable[Any]) -> Any:
+    """Await one attempt for at most ``step.timeout`` seconds (then it is abandoned)."""
+    assert step.timeout is not None
+    try:
+        return await asyncio.wait_for(work, step.timeout)
+    except TimeoutError:
+        raise TimeoutError(
+            f"step {step.id!r} attempt {attempt} timed out after {step.timeout:g}s"
+        ) from None
+
+
+def _typed(record: dict[str, Any], failed: StepFailedError) -> BaseException:
+    """A registered error rebuilt from its record (``failed`` as its cause), else ``failed``."""
+    cls = registered_error(record.get("registered"))
+    fields = record.get("fields")
+    if cls is None or not isinstance(fields, dict):
+        return failed
+    exc = cls.__new__(cls)
+    BaseException.__init__(exc, *(fields.get("args") or []))
+    exc.__dict__.update(fields.get("attrs") or {})
+    exc.__cause__ = failed
+    return exc
 
 
 class UIState:
@@ -122,6 +169,21 @@ class WorkflowContext:
         self._flow = flow
         self._position = 0
         self.ui = UIState(self)
+        #: The durable wait (position, event type) this run is suspending on, if any.
+        self._open_wait: tuple[int, str] | None = None
+        #: A second wait that was refused while one was open: fails the run whatever the
+        #: flow does with the error (one of the two waits may already be logged).
+        self.wait_violation: ConcurrentWaitError | None = None
+        #: Tasks other than the flow's own that used this context (``asyncio.gather``): they
+        #: are stopped before the run's terminal event is appended.
+        self._main_task = asyncio.current_task()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        #: The task that is unwinding a suspension (its later durable calls unwind too).
+        self._unwinding: asyncio.Task[Any] | None = None
+        #: A recorded cancel request (flows with cancel_grace): delivered once, at its position.
+        request = cancel_request(driver.state)
+        self._cancel_at: int | None = None if request is None else int(request["at_position"])
+        self._cancel_reason = None if request is None else request.get("reason")
 
     @property
     def execution_id(self) -> str:
@@ -169,6 +231,16 @@ class WorkflowContext:
     def _take_position(self, kind: str, name: str) -> tuple[int, OpRecord | None]:
         pos = self._position
         self._position += 1
+        if self._cancel_at is not None and pos >= self._cancel_at and kind != OpKind.UI:
+            # The cancellation reaches the flow here, once, on the first run and every replay.
+            self._cancel_at = None
+            raise ExecutionCancelledError(
+                f"execution {self.execution_id!r} was cancelled ({self._cancel_reason}); "
+                "it may run compensating steps before it ends",
+                execution_id=self.execution_id,
+                position=pos,
+                reason=self._cancel_reason,
+            )
         op = self._driver.state.ops.get(pos)
         if op is not None and (op.kind != kind or op.name != name):
             raise NonDeterminismError(
@@ -181,6 +253,50 @@ class WorkflowContext:
                 requested=f"{kind}:{name}",
             )
         return pos, op
+
+    def _enter(self) -> None:
+        task = asyncio.current_task()
+        if task is not None and task is self._unwinding:
+            # A ``finally`` (or ``except BaseException``) running while this task unwinds a
+            # suspension: it does nothing now, and runs for real when the flow gets past the
+            # wait. Without this a cleanup block would run its effects at every suspension.
+            raise SuspendExecution("unwinding")
+        if task is not None and task is not self._main_task:
+            self._tasks.add(task)
+
+    def _unwind(self, name: str) -> SuspendExecution:
+        self._unwinding = asyncio.current_task()
+        return SuspendExecution(name)
+
+    def _open(self, pos: int, name: str) -> None:
+        """Note that the run waits at ``pos``; refuse a second wait while one is open."""
+        if self._open_wait is not None:
+            other_pos, other = self._open_wait
+            err = ConcurrentWaitError(
+                f"execution {self.execution_id!r} awaited {name!r} (position {pos}) while "
+                f"still waiting on {other!r} (position {other_pos}): an execution waits on one "
+                "gate or sleep at a time",
+                execution_id=self.execution_id,
+                position=pos,
+                open_position=other_pos,
+            )
+            if self.wait_violation is None:
+                self.wait_violation = err
+            raise err
+        self._open_wait = (pos, name)
+
+    async def stop_stragglers(self, timeout: float = 5.0) -> None:
+        """Cancel the flow's other tasks that are still running and wait (bounded) for them,
+        so none of them writes after the run's outcome. A write already under way finishes
+        (see :meth:`Driver.append`); anything later is refused by the driver."""
+        pending = [t for t in self._tasks if not t.done()]
+        for t in pending:
+            t.cancel()
+        if pending:
+            await asyncio.wait(pending, timeout=timeout)
+        for t in self._tasks:
+            if t.done() and not t.cancelled():
+                t.exception()  # seen: the flow's own outcome already says what happened
 
     def _check_fully_replayed(self) -> None:
         """A flow that returns before reaching positions the log holds has diverged too."""
@@ -208,6 +324,7 @@ class WorkflowContext:
         """
         if not isinstance(step, Step):
             raise TypeError(f"ctx.run() takes a @loom.step, not {step!r}")
+        self._enter()
         pos, op = self._take_position(OpKind.STEP, step.id)
         attempt = 1
         if op is not None:
@@ -217,7 +334,8 @@ class WorkflowContext:
                 )
                 return result
             if op.status is OpStatus.FAILED:
-                raise self._step_failed(step, pos, op.attempts, op.error or {})
+                record = op.error or {}
+                raise _typed(record, self._step_failed(step, pos, op.attempts, record))
             attempt = op.attempts + 1
         driver = self._driver
         while True:
@@ -232,12 +350,19 @@ class WorkflowContext:
             token = _current_step.set(info)
             try:
                 faults.hit("before_effect")
+                work: Awaitable[Any]
                 if driver.intercept is None:
-                    value = await step.invoke(*args, **kwargs)
+                    work = step.invoke(*args, **kwargs)
                     annotations = None
+                    call = None
                 else:
                     call = StepCall(info, step, args, kwargs)
-                    value = await driver.intercept(call)
+                    work = driver.intercept(call)
+                if step.timeout is None:
+                    value = await work
+                else:
+                    value = await _bounded(step, attempt, work)
+                if call is not None:
                     annotations = call.annotations or None
                 output = step.output.dump(value, f"output of step {step.id!r}")
             except Exception as exc:
@@ -286,7 +411,9 @@ class WorkflowContext:
         )
         await driver.append([StepFailed(pos, step.id, attempt, record, final)])
         if final:
-            raise self._step_failed(step, pos, attempt, record) from exc
+            failed = self._step_failed(step, pos, attempt, record)
+            failed.__cause__ = exc
+            raise _typed(record, failed)
         await driver.clock.sleep(step.retry.delay(exc, attempt))
 
     def _step_failed(
@@ -318,7 +445,10 @@ class WorkflowContext:
         ``timeout``, a gate whose deadline passes first raises :class:`GateTimedOutError`
         in the flow (which may catch it), and a later decision is refused.
         """
+        self._enter()
         pos, op = self._take_position(OpKind.GATE, event_type)
+        if op is None or op.status is not OpStatus.RESOLVED:
+            self._open(pos, event_type)
         if op is not None:
             outcome = op.outcome
             if outcome is WaitOutcome.TIMED_OUT:
@@ -329,12 +459,20 @@ class WorkflowContext:
                     position=pos,
                 )
             if outcome is not None:
-                codec = self._flow.resume_schemas.get(event_type)
-                payload = op.output.get("payload")
-                if codec is None:
-                    return payload
-                return replayed_value(codec, payload, self, f"the decision of gate {event_type!r}")
-            raise SuspendExecution(event_type)
+                return self._gate_value(event_type, op.output.get("payload"))
+            # Still waiting (a recovered holder): a message may have arrived meanwhile.
+            return await self._consume_after_suspend(pos, event_type)
+        early = await self._next_message(event_type)
+        if early is not None:
+            # The message beat the flow to its gate: take it now, and record both the wait
+            # and its answer in one write (the execution is never seen waiting).
+            await self._driver.append(
+                [
+                    ExecutionSuspended(pos, event_type, correlation_key, None),
+                    self._consumed_record(pos, early),
+                ]
+            )
+            return await self._took(early)
         timeout_at = None
         if timeout is not None:
             timeout_at = self._driver.clock.now() + _seconds(timeout)
@@ -348,7 +486,53 @@ class WorkflowContext:
         )
         await self._driver.try_snapshot()
         faults.hit("after_suspend_recorded")
-        raise SuspendExecution(event_type)
+        return await self._consume_after_suspend(pos, event_type)
+
+    def _gate_value(self, event_type: str, payload: Any) -> Any:
+        codec = self._flow.resume_schemas.get(event_type)
+        if codec is None:
+            return payload
+        return replayed_value(codec, payload, self, f"the decision of gate {event_type!r}")
+
+    async def _next_message(self, event_type: str) -> Message | None:
+        """The oldest message for ``event_type`` that no gate of this execution has taken."""
+        mailbox = self._driver.mailbox
+        if mailbox is None:
+            return None
+        taken = self._driver.consumed_messages()
+        for message in await mailbox.pending_messages(self.execution_id, event_type):
+            if message.message_id not in taken:
+                return message
+            # Its key was delivered already (a keyed resume, or a consumption whose mark was
+            # lost): the log says it is used, so the mailbox only catches up.
+            await mailbox.consume_message(self.execution_id, message.message_id)
+        return None
+
+    def _consumed_record(self, pos: int, message: Message) -> ExecutionResumed:
+        return ExecutionResumed(pos, message.event_type, message.payload, message.message_id)
+
+    async def _took(self, message: Message) -> Any:
+        """The gate's consumption is durable: mark the message and hand the flow its value."""
+        self._open_wait = None
+        mailbox = self._driver.mailbox
+        if mailbox is not None:
+            await mailbox.consume_message(self.execution_id, message.message_id)
+        return self._gate_value(message.event_type, message.payload)
+
+    async def _consume_after_suspend(self, pos: int, event_type: str) -> Any:
+        """With the wait durable, look once more: a message sent while the wait was being
+        recorded saw no waiting gate, so it is this holder's to deliver. Either this check sees
+        the message, or the sender saw the wait (and resumes it itself)."""
+        message = await self._next_message(event_type)
+        if message is None:
+            raise self._unwind(event_type)
+        try:
+            await self._driver.append([self._consumed_record(pos, message)])
+        except StaleFenceError as exc:
+            if exc.execution_id != self.execution_id:
+                raise
+            raise self._unwind(event_type) from exc  # the sender resumed it first
+        return await self._took(message)
 
     async def _schedule(self, timer: Timer) -> None:
         if self._driver.fenced_out is not None:
@@ -373,11 +557,14 @@ class WorkflowContext:
         await self._sleep(lambda now: at)
 
     async def _sleep(self, fire_at_from: Callable[[float], float]) -> None:
+        self._enter()
         pos, op = self._take_position(OpKind.TIMER, "sleep")
+        if op is None or op.status is not OpStatus.RESOLVED:
+            self._open(pos, "sleep")
         if op is not None:
             if op.status is OpStatus.RESOLVED:
                 return
-            raise SuspendExecution("sleep")
+            raise self._unwind("sleep")
         fire_at = fire_at_from(self._driver.clock.now())
         await self._schedule(Timer(self.execution_id, pos, fire_at, "sleep", self._flow.id))
         await self._driver.append(
@@ -388,7 +575,7 @@ class WorkflowContext:
         )
         await self._driver.try_snapshot()
         faults.hit("after_suspend_recorded")
-        raise SuspendExecution("sleep")
+        raise self._unwind("sleep")
 
     # ------------------------------------------------------------------ agents
 
@@ -405,6 +592,7 @@ class WorkflowContext:
     async def decide(self, name: str, compute: Callable[[], T | Awaitable[T]]) -> T:
         """Compute a value once (a random id, the current time, a branch), record it, and
         return the recorded value on every replay. The value must be JSON."""
+        self._enter()
         pos, op = self._take_position(OpKind.DECISION, name)
         if op is not None:
             recorded: T = op.output

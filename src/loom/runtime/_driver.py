@@ -9,6 +9,7 @@ from typing import Any
 
 from loom.errors import (
     ConfigurationError,
+    ExecutionEndedError,
     LoomError,
     StaleFenceError,
     StorageError,
@@ -17,7 +18,7 @@ from loom.errors import (
 from loom.model import Envelope, EventPayload, ExecutionState, PayloadLimits, UIPatched, apply_event
 from loom.runtime._clock import Clock
 from loom.runtime._intercept import CallNext
-from loom.storage import AppendsWithBlobs, BlobStore, Snapshot, Store, Timer
+from loom.storage import AppendsWithBlobs, BlobStore, MailboxStore, Snapshot, Store, Timer
 
 __all__ = ["Driver", "StopAtBoundary"]
 
@@ -49,6 +50,12 @@ class StopAtBoundary(BaseException):
     """Raised right after a durable append once the runtime asked the driver to stop there
     (``WorkflowRuntime.close(drain=...)`` past its deadline). Internal control flow: do not
     catch it with a bare ``except:``; the execution stays resumable from that append."""
+
+
+def _retrieve(fut: asyncio.Future[None]) -> None:
+    """Mark a detached write's outcome as seen (its caller was cancelled)."""
+    if not fut.cancelled():
+        fut.exception()
 
 
 class Driver:
@@ -97,6 +104,19 @@ class Driver:
         self.stop_reason: str | None = None
         #: Set by a draining close past its deadline: stop after the next durable append.
         self.stop_at_boundary = False
+        #: Set by a cancel in this process before it fences the holder out, so the refused
+        #: write that follows is reported as the cancellation, not as a supersession.
+        self.cancel_requested = False
+        #: Where early messages wait (None: the store keeps no mailbox).
+        self.mailbox: MailboxStore | None = store if isinstance(store, MailboxStore) else None
+
+    def consumed_messages(self) -> set[str]:
+        """The ids of every message (or keyed resume) a gate of this execution has taken."""
+        return {
+            str(op.output["message_id"])
+            for op in self.state.ops.values()
+            if op.kind == "gate" and isinstance(op.output, dict) and "message_id" in op.output
+        }
 
     def build(self, events: Sequence[EventPayload]) -> list[Envelope]:
         now = self.clock.now()
@@ -108,10 +128,30 @@ class Driver:
         ]
 
     async def append(self, events: Sequence[EventPayload]) -> None:
-        """Append ``events`` (after any buffered UI patches) in one atomic batch."""
+        """Append ``events`` (after any buffered UI patches) in one atomic batch.
+
+        Refused with :class:`ExecutionEndedError` once the execution is terminal. A write from
+        one of the flow's own concurrent tasks (``asyncio.gather``) is finished even if that
+        task is cancelled meanwhile, so the state here never lags what the store holds.
+        """
+        if self.task is None or asyncio.current_task() is self.task:
+            await self._append(events)
+            return
+        write = asyncio.ensure_future(self._append(events))
+        write.add_done_callback(_retrieve)
+        await asyncio.shield(write)
+
+    async def _append(self, events: Sequence[EventPayload]) -> None:
         async with self.lock:
             if self.fenced_out is not None:
                 raise self.fenced_out
+            if self.state.is_terminal:
+                raise ExecutionEndedError(
+                    f"execution {self.state.execution_id!r} is already {self.state.status}; "
+                    "nothing can be appended after its terminal event",
+                    execution_id=self.state.execution_id,
+                    status=self.state.status.value,
+                )
             pending, self.pending_ui = self.pending_ui, []
             blobs, self.pending_blobs = self.pending_blobs, {}
             try:

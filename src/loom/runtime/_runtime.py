@@ -7,6 +7,7 @@ import logging
 import os
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from types import MappingProxyType, TracebackType
 from typing import Any, Literal, TypeVar
 
@@ -53,6 +54,13 @@ from loom.model import (
     new_envelope_id,
     replay,
 )
+from loom.runtime import _cancel, _mailbox
+from loom.runtime._cancel import (
+    CANCEL_GRACE_POSITION,
+    DEADLINE_KEY,
+    DEADLINE_POSITION,
+    cancel_request,
+)
 from loom.runtime._clock import Clock, SystemClock
 from loom.runtime._context import (
     TIMER_EVENT,
@@ -68,7 +76,7 @@ from loom.runtime._intercept import StepInterceptor, build_chain
 from loom.runtime._lease import Heartbeat
 from loom.runtime._sdk import _NOT_JSON, Flow, _current_flow, json_dump
 from loom.runtime.timers import TimerService, WakeOutcome
-from loom.storage import ExecutionQuery, LeaseStore, Store, Timer, TimerStore
+from loom.storage import ExecutionQuery, LeaseStore, Message, Store, Timer, TimerStore
 from loom.storage._common import validate_snapshot
 
 __all__ = ["ExecutionHandle", "Lease", "WorkflowRuntime"]  # ExecutionHandle is re-exported here
@@ -262,6 +270,7 @@ class WorkflowRuntime:
         metadata: dict[str, Any] | None = None,
         flow_version: str | None = None,
         if_exists: Literal["error", "attach"] = "error",
+        deadline: timedelta | float | datetime | None = None,
     ) -> ExecutionHandle[OutputT]:
         """Start an execution and return once its start is durable (the flow runs on).
 
@@ -271,6 +280,9 @@ class WorkflowRuntime:
         so a start retried with the same id executes once.
         ``holder`` starts under a lease the caller already holds (a worker's allocation);
         without one, the start takes the first fence itself in the same write as sequence 0.
+        ``deadline`` (a duration from now, or an aware datetime) is a durable timer that
+        cancels the execution if it has not ended by then, with the reason recorded; it is
+        kept in the start record's metadata as ``loom.deadline`` (epoch seconds).
         """
         self._check_open()
         self._ensure_timers()
@@ -278,10 +290,14 @@ class WorkflowRuntime:
             raise ConfigurationError(f"if_exists must be 'error' or 'attach', not {if_exists!r}")
         if if_exists == "attach" and execution_id is not None:
             try:
-                return await self._start(flow, input, execution_id, holder, metadata, flow_version)
+                return await self._start(
+                    flow, input, execution_id, holder, metadata, flow_version, deadline
+                )
             except ExecutionAlreadyExistsError:
                 return await self._attach(flow, execution_id)
-        return await self._start(flow, input, execution_id, holder, metadata, flow_version)
+        return await self._start(
+            flow, input, execution_id, holder, metadata, flow_version, deadline
+        )
 
     async def _attach(
         self, flow: Flow[Any, OutputT] | str, execution_id: str
@@ -306,6 +322,7 @@ class WorkflowRuntime:
         holder: Lease | None,
         metadata: dict[str, Any] | None,
         flow_version: str | None,
+        deadline: timedelta | float | datetime | None = None,
     ) -> ExecutionHandle[OutputT]:
         resolved = self.get_flow(flow, flow_version) if isinstance(flow, str) else flow
         if isinstance(flow, Flow) and self._flows.get(flow.id, {}).get(flow.version) is not flow:
@@ -318,6 +335,16 @@ class WorkflowRuntime:
         execution_id = execution_id or new_envelope_id()
         _check_id(execution_id)
         encoded = resolved.encode_input(input, execution_id, limits=self.limits)
+        if deadline is not None:
+            at = _cancel.deadline_at(self, deadline)
+            metadata = {**(metadata or {}), DEADLINE_KEY: at}
+            if await self.store.last_sequence(execution_id) < 0:
+                # Stored before the start, like every timer before its wait: a crash between
+                # the two leaves a timer that finds nothing (harmless), never an execution
+                # whose deadline nothing enforces. (An existing id's timer is left alone.)
+                await _cancel.schedule_deadline(
+                    self, Timer(execution_id, DEADLINE_POSITION, at, "deadline", resolved.id)
+                )
         started = [ExecutionStarted(resolved.id, resolved.version, encoded, metadata or {})]
         try:
             fence = holder.fence if holder is not None else 0
@@ -359,6 +386,7 @@ class WorkflowRuntime:
         *,
         holder: Lease | None = None,
         position: int | None = None,
+        idempotency_key: str | None = None,
     ) -> ExecutionHandle[Any]:
         """Deliver a gate's decision and continue the execution.
 
@@ -371,11 +399,18 @@ class WorkflowRuntime:
         one gate: if the execution waits at another position (a later gate of the same event
         type), it is refused with :class:`NotWaitingError` and nothing is recorded, so a
         duplicate of an earlier decision can never decide a later gate.
+
+        With ``idempotency_key``, a decision whose key a gate of this execution already took
+        (by ``resume`` or ``send``) is a no-op returning a handle: a client retrying after the
+        flow moved on to a later gate never answers that gate with its old decision.
         """
         self._check_open()
         self._ensure_timers()
+        message_id = None if idempotency_key is None else _mailbox.keyed_id(idempotency_key)
         for _ in range(_RETRIES):
             state, snap_seq = await self._require(execution_id)
+            if message_id is not None and _mailbox.taken(state, message_id) is not None:
+                return ExecutionHandle(self, execution_id, self._drivers.get(execution_id))
             gate = self._waiting_gate(state, event_type)
             if position is not None and gate.position != position:
                 raise NotWaitingError(
@@ -391,7 +426,7 @@ class WorkflowRuntime:
             validator = gate_validator(event_type)
             if validator is not None:
                 normalized = validator(state, gate, normalized)
-            resumed = ExecutionResumed(gate.position, event_type, normalized)
+            resumed = ExecutionResumed(gate.position, event_type, normalized, message_id)
             handle = await self._continue_with(state, snap_seq, holder, resumed, flow)
             if handle is not None:
                 return handle
@@ -400,6 +435,34 @@ class WorkflowRuntime:
             f"execution {execution_id!r} kept changing while resuming; try again",
             execution_id=execution_id,
         )
+
+    # ------------------------------------------------------------------ mailbox
+
+    async def send(
+        self,
+        execution_id: str,
+        event_type: str,
+        payload: Any = None,
+        *,
+        idempotency_key: str | None = None,
+    ) -> Message:
+        """Put a message in the execution's durable mailbox for its gates of ``event_type``.
+
+        Unlike :meth:`resume`, the execution need not be waiting yet: a gate that is waiting
+        now takes the message at once; otherwise the next gate of that type the flow reaches
+        takes the oldest message waiting for it, and the log records which message that was
+        (replay never reads the mailbox). The payload is validated against the flow's
+        ``resume_schemas[event_type]`` before anything is stored. The log stays written by
+        the execution's holder only; the mailbox is a separate table.
+
+        ``idempotency_key`` makes retries safe: a key already sent stores nothing more, and a
+        key a gate already took (through ``send`` or a keyed ``resume``) is never delivered
+        again. Returns the stored message (the original one for a repeated key). Raises
+        :class:`ExecutionNotFoundError`, :class:`ResumeValidationError`,
+        :class:`NotWaitingError` (the execution ended, or ``event_type`` is a sleep's) and
+        :class:`ConfigurationError` for a store without a mailbox.
+        """
+        return await _mailbox.send(self, execution_id, event_type, payload, idempotency_key)
 
     def _waiting_gate(self, state: ExecutionState, event_type: str) -> Gate:
         eid = state.execution_id
@@ -556,12 +619,32 @@ class WorkflowRuntime:
 
         The holder's next append is refused and it stops; no later step runs. A terminal
         execution is returned unchanged.
+
+        A flow declared with ``cancel_grace`` may clean up first: the cancel is recorded as a
+        request, the flow receives :class:`ExecutionCancelledError` where it is (a ``try`` /
+        ``finally`` or ``except`` runs compensating steps, recorded like any others) and ends
+        ``cancelled`` whatever it returns; if it has not ended within the grace period, a
+        durable timer cancels it outright. That call returns the state with the request
+        recorded; a second ``cancel`` while the flow cleans up stops it at once.
         """
         self._check_open()
+        state, _ = await self._require(execution_id)
+        if state.is_terminal:
+            return state
+        versions = self._flows.get(state.flow_id, {})
+        flow = versions.get(state.flow_version)
+        if flow is not None and flow.cancel_grace is not None and cancel_request(state) is None:
+            return await _cancel.request_cancel(self, execution_id, reason, flow, flow.cancel_grace)
+        return await self._hard_cancel(execution_id, reason)
+
+    async def _hard_cancel(self, execution_id: str, reason: str | None) -> ExecutionState:
         for _ in range(_RETRIES):
             state, snap_seq = await self._require(execution_id)
             if state.is_terminal:
                 return state
+            live = self._drivers.get(execution_id)
+            if live is not None:
+                live.cancel_requested = True  # its refused write is this cancel, not a takeover
             fence = await self.store.acquire_fence(execution_id)
             # Re-read under the new fence: nothing older can append after this point.
             state, snap_seq = await self._require(execution_id)
@@ -699,6 +782,10 @@ class WorkflowRuntime:
         timer must be tried again later.
         """
         self._check_open()
+        if position == DEADLINE_POSITION:
+            return await _cancel.fire_deadline(self, execution_id), None
+        if position == CANCEL_GRACE_POSITION:
+            return await _cancel.fire_cancel_grace(self, execution_id), None
         for _ in range(_RETRIES):
             state, snap_seq = await self._load(execution_id)
             if state is None or state.is_terminal:
@@ -742,13 +829,41 @@ class WorkflowRuntime:
         ):
             # The new holder fenced it out already; stop its in-flight effect too. (A driver
             # whose suspension is already durable is only finishing up: it is left alone.)
-            replaced.stop_reason = "replaced"
+            if replaced.stop_reason is None:  # a cancel's own takeover keeps its reason
+                replaced.stop_reason = "replaced"
             replaced.task.cancel()
         self._drivers[eid] = driver
         driver.task = asyncio.create_task(self._drive(driver, flow), name=f"loom:{eid}")
         self._tasks.add(driver.task)
         driver.task.add_done_callback(self._tasks.discard)
+        # A task cancelled before it first ran (a cancel right after start) never enters
+        # _drive, so its handle learns the end here.
+        driver.task.add_done_callback(lambda _: self._finished(driver))
         return ExecutionHandle(self, eid, driver)
+
+    def _finished(self, driver: Driver) -> None:
+        if driver.done.is_set():
+            return
+        eid = driver.state.execution_id
+        if driver.error is None and driver.stop_reason != "cancelled":
+            driver.error = self._stop_error(driver)
+        driver.done.set()
+        if self._drivers.get(eid) is driver:
+            del self._drivers[eid]
+
+    @staticmethod
+    def _stop_error(driver: Driver) -> BaseException:
+        eid = driver.state.execution_id
+        if driver.stop_reason == "replaced":
+            return ExecutionSupersededError(
+                f"execution {eid!r} was taken over by a newer holder in this process",
+                execution_id=eid,
+            )
+        if driver.stop_reason == "stopped":
+            return RuntimeClosedError(
+                f"this process stopped driving {eid!r}; it is resumable", execution_id=eid
+            )
+        return RuntimeClosedError(f"the runtime stopped driving {eid!r} (closed)", execution_id=eid)
 
     async def _drive(self, driver: Driver, flow: Flow[Any, Any]) -> None:
         eid = driver.state.execution_id
@@ -774,7 +889,7 @@ class WorkflowRuntime:
                     # the flow's failure, or every recovery would stop at the same place.
                     await driver.append([ExecutionFailed(error_record(exc))])
         except StaleFenceError as exc:
-            driver.error = await self._fenced_out_error(eid, exc)
+            driver.error = await self._fenced_out_error(driver, exc)
         except StopAtBoundary:
             # A draining close stopped it right after a durable append: resumable from there.
             if driver.state.status is ExecutionStatus.RUNNING:
@@ -784,19 +899,8 @@ class WorkflowRuntime:
                 )
         except asyncio.CancelledError:
             # Never hand a CancelledError to the tasks awaiting the handle: say why instead.
-            if driver.stop_reason == "replaced":
-                driver.error = ExecutionSupersededError(
-                    f"execution {eid!r} was taken over by a newer holder in this process",
-                    execution_id=eid,
-                )
-            elif driver.stop_reason == "stopped":
-                driver.error = RuntimeClosedError(
-                    f"this process stopped driving {eid!r}; it is resumable", execution_id=eid
-                )
-            elif driver.stop_reason != "cancelled":
-                driver.error = RuntimeClosedError(
-                    f"the runtime stopped driving {eid!r} (closed)", execution_id=eid
-                )
+            if driver.stop_reason != "cancelled":
+                driver.error = self._stop_error(driver)
             raise
         except BaseException as exc:
             driver.error = exc
@@ -818,7 +922,7 @@ class WorkflowRuntime:
 
     async def _run_flow(
         self, driver: Driver, flow: Flow[Any, Any]
-    ) -> ExecutionCompleted | ExecutionFailed | None:
+    ) -> ExecutionCompleted | ExecutionFailed | ExecutionCancelled | None:
         """Run (or replay) the flow; return its terminal event, or None when it suspended.
 
         Errors that mean the execution must stay resumable (non-determinism, storage,
@@ -826,6 +930,29 @@ class WorkflowRuntime:
         """
         ctx = WorkflowContext(driver, flow)
         token = _current_flow.set(ctx)
+        try:
+            outcome = await self._run_body(ctx, driver, flow)
+        finally:
+            _current_flow.reset(token)
+        if outcome is not None:
+            # The flow's own concurrent tasks (a gathered step still running after another
+            # failed) stop before the outcome is written: nothing follows a terminal event.
+            await ctx.stop_stragglers()
+        return outcome
+
+    async def _run_body(
+        self, ctx: WorkflowContext, driver: Driver, flow: Flow[Any, Any]
+    ) -> ExecutionCompleted | ExecutionFailed | ExecutionCancelled | None:
+        outcome = await self._run_body_outcome(ctx, driver, flow)
+        request = cancel_request(driver.state)
+        if outcome is not None and request is not None:
+            # A cancelled flow that cleaned up ends cancelled, whatever it returned or raised.
+            return ExecutionCancelled(request.get("reason"))
+        return outcome
+
+    async def _run_body_outcome(
+        self, ctx: WorkflowContext, driver: Driver, flow: Flow[Any, Any]
+    ) -> ExecutionCompleted | ExecutionFailed | None:
         try:
             if flow.takes_input:
                 inp = replayed_value(flow.input, driver.state.input, ctx, "the flow's input")
@@ -835,18 +962,21 @@ class WorkflowRuntime:
             ctx._check_fully_replayed()
             output = flow.output.dump(out, f"output of flow {flow.id!r}")
         except SuspendExecution:
+            if ctx.wait_violation is not None:
+                return ExecutionFailed(error_record(ctx.wait_violation))
             return None
         except (NonDeterminismError, StorageError):
             raise
         except Exception as exc:
             if driver.fenced_out is not None:
                 raise driver.fenced_out from exc  # the flow swallowed its own fencing
-            return ExecutionFailed(error_record(exc))
-        finally:
-            _current_flow.reset(token)
+            return ExecutionFailed(error_record(ctx.wait_violation or exc))
+        if ctx.wait_violation is not None:
+            return ExecutionFailed(error_record(ctx.wait_violation))
         return ExecutionCompleted(output)
 
-    async def _fenced_out_error(self, eid: str, exc: StaleFenceError) -> BaseException | None:
+    async def _fenced_out_error(self, driver: Driver, exc: StaleFenceError) -> BaseException | None:
+        eid = driver.state.execution_id
         if exc.execution_id != eid:
             # A store that rejects a whole coalesced batch named another execution: for this
             # one it is a genuine storage failure (retryable), not a supersession.
@@ -854,7 +984,20 @@ class WorkflowRuntime:
         # If a cancel fenced it out, the handle reports the cancellation; otherwise another
         # holder owns the execution: a superseded refusal (ADR 0004), even if that holder has
         # finished it meanwhile.
+        if driver.cancel_requested:
+            return None  # this process's cancel fenced it out; its handle reports that
         latest = await self.load_state(eid)
+        current = exc.details.get("current_fence")
+        if (
+            latest is not None
+            and not latest.is_terminal
+            and isinstance(current, int)
+            and latest.fence < current
+        ):
+            # The new fence has written nothing yet. A cancel elsewhere fences first and
+            # appends second: give its append a moment before calling this a supersession.
+            await self.store.wait_for_append(eid, latest.last_sequence, timeout=_FENCED_GRACE)
+            latest = await self.load_state(eid)
         if latest is not None and latest.status is ExecutionStatus.CANCELLED:
             return None
         return _superseded(eid, exc)
@@ -910,6 +1053,9 @@ class WorkflowRuntime:
 #: How often a conditional write is retried after losing to a concurrent writer before the
 #: caller is told the execution keeps changing (each retry re-reads the log first).
 _RETRIES = 8
+#: How long a fenced-out holder waits for the new fence's first write (a cancel elsewhere
+#: fences, then appends) before it reports a supersession.
+_FENCED_GRACE = 2.0
 
 
 @dataclass(frozen=True, slots=True)

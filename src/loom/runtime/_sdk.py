@@ -36,6 +36,8 @@ __all__ = [
     "current_step",
     "flow",
     "handler",
+    "register_error",
+    "registered_error",
     "step",
 ]
 
@@ -224,6 +226,7 @@ class Step(Generic[P, R]):
         id: str,
         retry: RetryPolicy = NO_RETRY,
         record_start: bool = False,
+        timeout: timedelta | float | None = None,
     ) -> None:
         if not id:
             raise ConfigurationError("a step needs a non-empty id")
@@ -231,6 +234,9 @@ class Step(Generic[P, R]):
         self.id = id
         self.retry = retry
         self.record_start = record_start
+        self.timeout = None if timeout is None else _seconds(timeout)
+        if self.timeout is not None and self.timeout <= 0:
+            raise ConfigurationError(f"step {id!r}: timeout must be positive")
         self.is_async = inspect.iscoroutinefunction(fn)
         try:
             self.output = _Codec(_hints(fn).get("return", Any))
@@ -265,10 +271,17 @@ class Step(Generic[P, R]):
 
 
 class _StepDecorator:
-    def __init__(self, id: str | None, retry: RetryPolicy, record_start: bool) -> None:
+    def __init__(
+        self,
+        id: str | None,
+        retry: RetryPolicy,
+        record_start: bool,
+        timeout: timedelta | float | None = None,
+    ) -> None:
         self.id = id
         self.retry = retry
         self.record_start = record_start
+        self.timeout = timeout
 
     @overload
     def __call__(self, fn: Callable[P, Coroutine[Any, Any, R]]) -> Step[P, R]: ...
@@ -280,6 +293,7 @@ class _StepDecorator:
             id=self.id or f"{fn.__module__}.{fn.__qualname__}",
             retry=self.retry,
             record_start=self.record_start,
+            timeout=self.timeout,
         )
 
 
@@ -289,7 +303,11 @@ def step(fn: Callable[P, Coroutine[Any, Any, R]], /) -> Step[P, R]: ...
 def step(fn: Callable[P, R], /) -> Step[P, R]: ...
 @overload
 def step(
-    *, id: str | None = None, retry: RetryPolicy | None = None, record_start: bool = False
+    *,
+    id: str | None = None,
+    retry: RetryPolicy | None = None,
+    record_start: bool = False,
+    timeout: timedelta | float | None = None,
 ) -> _StepDecorator: ...
 def step(
     fn: Callable[P, Any] | None = None,
@@ -298,6 +316,7 @@ def step(
     id: str | None = None,
     retry: RetryPolicy | None = None,
     record_start: bool = False,
+    timeout: timedelta | float | None = None,
 ) -> Step[P, Any] | _StepDecorator:
     """Declare a step: a named effect whose result is recorded once per execution position.
 
@@ -305,8 +324,11 @@ def step(
     detects. ``retry`` is its :class:`RetryPolicy`. ``record_start=True`` makes the step's start
     durable before its effect runs (one more commit; useful for long effects an operator should
     see in flight); by default a step costs exactly one commit, after its effect.
+    ``timeout`` bounds each attempt: one that runs longer is abandoned and recorded as a failed
+    attempt (``TimeoutError``), retried as the policy says. (A sync step's thread cannot be
+    stopped; only its result is no longer awaited.)
     """
-    decorator = _StepDecorator(id, retry or NO_RETRY, record_start)
+    decorator = _StepDecorator(id, retry or NO_RETRY, record_start, timeout)
     if fn is not None:
         return decorator(fn)
     return decorator
@@ -336,6 +358,47 @@ def handler(
     return decorator
 
 
+_ERRORS: dict[str, type[BaseException]] = {}
+E = TypeVar("E", bound=type[BaseException])
+
+
+@overload
+def register_error(cls: E, /) -> E: ...
+@overload
+def register_error(*, name: str) -> Callable[[E], E]: ...
+def register_error(cls: E | None = None, /, *, name: str | None = None) -> E | Callable[[E], E]:
+    """Make an exception type round-trip through the log, so a flow can catch it by type.
+
+    A step error of a registered type reaches the flow as that type (rebuilt from the log, so
+    the first run and every replay see the same thing), with the :class:`StepFailedError`
+    describing the step as its ``__cause__``. Its ``args`` and instance attributes are
+    recorded, so they must be JSON; an error whose fields are not stays a
+    ``StepFailedError``. ``name`` (default ``module.QualName``) is what the log stores: keep
+    it stable, like a step id. Unregistered errors reach the flow as ``StepFailedError`` with
+    ``error_type`` set to their class name.
+    """
+
+    def decorate(c: E) -> E:
+        if not (isinstance(c, type) and issubclass(c, Exception)):
+            raise ConfigurationError(f"register_error() takes an Exception subclass, not {c!r}")
+        key = name or f"{c.__module__}.{c.__qualname__}"
+        existing = _ERRORS.get(key)
+        if existing is not None and existing is not c:
+            raise ConfigurationError(f"error name {key!r} is already registered for {existing!r}")
+        _ERRORS[key] = c
+        c.__loom_error_name__ = key  # type: ignore[attr-defined]
+        return c
+
+    if cls is not None:
+        return decorate(cls)
+    return decorate
+
+
+def registered_error(name: object) -> type[BaseException] | None:
+    """The exception type registered under ``name``, if any."""
+    return _ERRORS.get(name) if isinstance(name, str) else None
+
+
 class Flow(Generic[InputT, OutputT]):
     """A registered unit of durable work: an async function ``(ctx, input) -> output``."""
 
@@ -346,9 +409,13 @@ class Flow(Generic[InputT, OutputT]):
         id: str,
         version: str,
         resume_schemas: Mapping[str, Any] | None = None,
+        cancel_grace: timedelta | float | None = None,
     ) -> None:
         if not id:
             raise ConfigurationError("a flow needs a non-empty id")
+        self.cancel_grace = None if cancel_grace is None else _seconds(cancel_grace)
+        if self.cancel_grace is not None and self.cancel_grace <= 0:
+            raise ConfigurationError(f"flow {id!r}: cancel_grace must be positive")
         if not inspect.iscoroutinefunction(fn):
             raise ConfigurationError(f"flow {id!r} must be an async function (ctx, input)")
         params = list(inspect.signature(fn).parameters.values())
@@ -401,12 +468,23 @@ class Flow(Generic[InputT, OutputT]):
 
 
 def flow(
-    *, id: str, version: str = "1", resume_schemas: Mapping[str, Any] | None = None
+    *,
+    id: str,
+    version: str = "1",
+    resume_schemas: Mapping[str, Any] | None = None,
+    cancel_grace: timedelta | float | None = None,
 ) -> Callable[[Callable[..., Awaitable[OutputT]]], Flow[Any, OutputT]]:
     """Declare a flow. ``resume_schemas`` maps each gate's event type to the pydantic type its
-    resume payload must match; a payload that does not is refused before it is appended."""
+    resume payload must match; a payload that does not is refused before it is appended.
+
+    With ``cancel_grace``, a cancel lets the flow clean up: it receives
+    :class:`~loom.errors.ExecutionCancelledError` where it is, may run compensating steps,
+    and ends ``cancelled``; a durable timer ends it outright after ``cancel_grace``. Without
+    it, a cancel stops the flow at once."""
 
     def decorate(fn: Callable[..., Awaitable[OutputT]]) -> Flow[Any, OutputT]:
-        return Flow(fn, id=id, version=version, resume_schemas=resume_schemas)
+        return Flow(
+            fn, id=id, version=version, resume_schemas=resume_schemas, cancel_grace=cancel_grace
+        )
 
     return decorate

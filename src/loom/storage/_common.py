@@ -10,6 +10,7 @@ from loom.errors import (
     CorruptEventError,
     DuplicateSequenceError,
     ExecutionAlreadyExistsError,
+    ExecutionEndedError,
     LoomError,
     PayloadError,
     StaleFenceError,
@@ -19,6 +20,7 @@ from loom.errors import (
 from loom.model import (
     DEFAULT_LIMITS,
     Envelope,
+    EventType,
     ExecutionState,
     PayloadLimits,
     checksum,
@@ -29,6 +31,7 @@ from loom.storage._spi import Snapshot
 
 __all__ = [
     "SNAPSHOT_LIMITS",
+    "TERMINAL_TYPES",
     "Waiters",
     "already_exists",
     "batch_head",
@@ -36,6 +39,7 @@ __all__ = [
     "check_take_over",
     "decode_envelope",
     "decode_snapshot",
+    "ended",
     "refusal_for",
     "snapshot_checksum",
     "take_over_refusal",
@@ -104,6 +108,28 @@ def take_over_refusal(
             got=first,
         )
     return None
+
+
+#: The event types that end a log: a store refuses any append after one of them.
+TERMINAL_TYPES: frozenset[str] = frozenset(
+    t.value
+    for t in (
+        EventType.EXECUTION_COMPLETED,
+        EventType.EXECUTION_FAILED,
+        EventType.EXECUTION_CANCELLED,
+    )
+)
+#: The same, as the SQL list the stores' fence-guarded head updates test against.
+TERMINAL_SQL = ", ".join(f"'{t}'" for t in sorted(TERMINAL_TYPES))
+
+
+def ended(execution_id: str, last_type: str) -> ExecutionEndedError:
+    return ExecutionEndedError(
+        f"execution {execution_id!r} already ended ({last_type}); nothing can be appended "
+        "after its terminal event",
+        execution_id=execution_id,
+        terminal_event=last_type,
+    )
 
 
 def already_exists(execution_id: str) -> ExecutionAlreadyExistsError:

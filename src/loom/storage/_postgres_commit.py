@@ -32,12 +32,12 @@ from psycopg_pool import AsyncConnectionPool
 from loom import faults
 from loom.errors import DuplicateEnvelopeIdError, LoomError, StorageWriteError
 from loom.storage._batching import GroupCommit, WriteRequest
-from loom.storage._common import Waiters, refusal_for, take_over_refusal
+from loom.storage._common import Waiters, ended, refusal_for, take_over_refusal
 from loom.storage._postgres_sql import Conn, Statements
 
 __all__ = ["PostgresWrite", "PostgresWriter", "WriteKind"]
 
-WriteKind = Literal["append", "take_over", "fence", "snapshot", "timer", "blob"]
+WriteKind = Literal["append", "take_over", "fence", "snapshot", "timer", "blob", "mailbox"]
 
 #: The kinds that write events (and so move the head, notify waiters and prove a batch landed).
 _EVENT_WRITES = ("append", "take_over")
@@ -256,7 +256,7 @@ class PostgresWriter:
             return False
         if req.kind in ("snapshot", "blob"):
             return False
-        if req.kind == "timer":  # every timer statement returns one count
+        if req.kind in ("timer", "mailbox"):  # each of these statements returns one count
             assert row is not None
             req.result = int(row[0])
             return False
@@ -273,6 +273,11 @@ class PostgresWriter:
         current_fence, next_sequence = head if head is not None else (0, 0)
         req.error = _refusal(req, current_fence, next_sequence)
         if req.error is None:
+            cur = await conn.execute(self._sql.ended, (req.execution_id, req.first - 1))
+            last = await cur.fetchone()
+            if last is not None:
+                req.error = ended(req.execution_id, str(last[0]))
+                return
             # The same holder appended concurrently and out of order; the head now fits, but
             # this statement saw otherwise and wrote nothing. Nothing of it is written.
             what = "append to" if req.kind == "append" else "take-over of"

@@ -19,6 +19,7 @@ import psycopg
 
 from loom.errors import NotALoomDatabaseError, SchemaVersionError, StorageError
 from loom.model._summary import SUMMARY_EVENT_TYPES
+from loom.storage._common import TERMINAL_SQL
 from loom.storage._index import SUMMARY_COLUMNS, backfill_rows
 from loom.storage._schema import SCHEMA_VERSION
 
@@ -125,6 +126,16 @@ MIGRATIONS: dict[int, tuple[Step, ...]] = {
         'CREATE TABLE {s}.leases (execution_id text COLLATE "C" PRIMARY KEY,'
         " holder text NOT NULL, fence bigint NOT NULL, expires_at double precision NOT NULL)",
     ),
+    # Messages wait here until a gate consumes them (the log records which one did).
+    7: (
+        'CREATE TABLE {s}.mailbox (execution_id text COLLATE "C" NOT NULL,'
+        ' message_id text COLLATE "C" NOT NULL, seq bigserial, event_type text NOT NULL,'
+        " payload text NOT NULL, sent_at double precision NOT NULL,"
+        " consumed boolean NOT NULL DEFAULT false,"
+        " CONSTRAINT mailbox_pkey PRIMARY KEY (execution_id, message_id))",
+        "CREATE INDEX mailbox_pending ON {s}.mailbox (execution_id, event_type, seq)"
+        " WHERE NOT consumed",
+    ),
 }
 
 # One statement per append or take-over. The INSERT reads from the head write's RETURNING, so a
@@ -189,12 +200,25 @@ _INDEX_MARK_SET = (
 # one from the fence it saw, and from fence 0 creates the head (a row of fence 0 never exists,
 # so a concurrent creator makes the INSERT do nothing, never overwrite). They are filled into
 # _APPEND as values, so their schema placeholder is a single-braced {s}.
-_MOVE_APPEND = """UPDATE {s}.heads SET next_sequence = %(end)s
+# Neither moves a head whose last event is terminal (nothing is appended after one).
+_NOT_ENDED = f"""NOT EXISTS (SELECT 1 FROM {{s}}.events WHERE execution_id = %(eid)s
+    AND sequence = %(first)s - 1 AND type IN ({TERMINAL_SQL}))"""
+_MOVE_APPEND = (
+    """UPDATE {s}.heads SET next_sequence = %(end)s
     WHERE execution_id = %(eid)s AND fence = %(fence)s AND next_sequence = %(first)s
+    AND """
+    + _NOT_ENDED
+    + """
     RETURNING execution_id"""
-_MOVE_TAKE_OVER = """UPDATE {s}.heads SET fence = %(fence)s, next_sequence = %(end)s
+)
+_MOVE_TAKE_OVER = (
+    """UPDATE {s}.heads SET fence = %(fence)s, next_sequence = %(end)s
     WHERE execution_id = %(eid)s AND fence = %(from)s AND next_sequence = %(first)s
+    AND """
+    + _NOT_ENDED
+    + """
     RETURNING execution_id"""
+)
 _MOVE_CREATE = """INSERT INTO {s}.heads (execution_id, fence, next_sequence)
     SELECT %(eid)s, %(fence)s, %(end)s WHERE %(from)s = 0 AND %(first)s = 0
     ON CONFLICT (execution_id) DO NOTHING
@@ -291,6 +315,7 @@ class Statements:
     blob_put: str
     blob_get: str
     head: str
+    ended: str
     read: str
     probe: str
     probe_lock: str
@@ -310,6 +335,10 @@ class Statements:
     lease_renew: str
     lease_release: str
     lease_expiry: str
+    mailbox_put: str
+    mailbox_get: str
+    mailbox_pending: str
+    mailbox_consume: str
 
     def events(self, kind: EventWriteKind, *, one: bool, index: IndexWrite = "") -> str:
         """The one statement that writes an append, a take-over or a creation."""
@@ -359,6 +388,10 @@ def statements(schema: str, *, notify: bool) -> Statements:
             f"SELECT hash, data FROM {s}.blobs WHERE namespace = %s AND hash = ANY(%s::text[])"
         ),
         head=_HEAD.format(s=s),
+        ended=(
+            f"SELECT type FROM {s}.events WHERE execution_id = %s AND sequence = %s "
+            f"AND type IN ({TERMINAL_SQL})"
+        ),
         read=_READ.format(s=s),
         probe=_PROBE.format(s=s),
         probe_lock=f"SELECT 1 FROM {s}.heads WHERE execution_id = %s FOR SHARE",
@@ -397,6 +430,24 @@ def statements(schema: str, *, notify: bool) -> Statements:
             "RETURNING 1) SELECT count(*) FROM gone"
         ),
         lease_expiry=f"SELECT expires_at FROM {s}.leases WHERE execution_id = %s",
+        mailbox_put=(
+            f"WITH ins AS (INSERT INTO {s}.mailbox (execution_id, message_id, event_type,"
+            " payload, sent_at) VALUES (%s, %s, %s, %s, %s)"
+            " ON CONFLICT (execution_id, message_id) DO NOTHING RETURNING 1)"
+            " SELECT count(*) FROM ins"
+        ),
+        mailbox_get=(
+            f"SELECT event_type, payload, sent_at FROM {s}.mailbox"
+            " WHERE execution_id = %s AND message_id = %s"
+        ),
+        mailbox_pending=(
+            f"SELECT message_id, payload, sent_at FROM {s}.mailbox WHERE execution_id = %s"
+            " AND event_type = %s AND NOT consumed ORDER BY seq LIMIT %s"
+        ),
+        mailbox_consume=(
+            f"WITH u AS (UPDATE {s}.mailbox SET consumed = true WHERE execution_id = %s"
+            " AND message_id = %s AND NOT consumed RETURNING 1) SELECT count(*) FROM u"
+        ),
     )
 
 

@@ -17,10 +17,11 @@ bump here; a rung that does not apply to one dialect is an empty tuple there.
    take-over or a fence change; SQLite). The bump keeps an older Loom, which trusts
    ``next_sequence`` as the tail, away from a file written this way.
 6. liveness leases (``leases``: who drives an execution, under which fence, until when).
+7. the mailbox (``mailbox``: messages sent to an execution before its gate takes them).
 """
 
 from __future__ import annotations
 
 __all__ = ["SCHEMA_VERSION"]
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7

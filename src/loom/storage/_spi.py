@@ -13,6 +13,8 @@ __all__ = [
     "ExecutionIndex",
     "ExecutionPage",
     "ExecutionQuery",
+    "MailboxStore",
+    "Message",
     "Snapshot",
     "SnapshotStore",
     "Store",
@@ -183,6 +185,47 @@ class TimerStore(Protocol):
     async def next_timer_due(self, prefix: str = "") -> float | None:
         """The earliest ``fire_at`` among pending timers (claimed or not) whose execution id
         starts with ``prefix``, or None."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """A message in one execution's mailbox (``runtime.send``).
+
+    It waits outside the log until a gate of ``event_type`` consumes it; the log then records
+    which message the gate consumed (its ``message_id``), so replay never reads the mailbox.
+    ``payload`` is JSON, already validated against the flow's schema for ``event_type``.
+    """
+
+    execution_id: str
+    message_id: str
+    event_type: str
+    payload: Any = None
+    sent_at: float = 0.0
+
+
+@runtime_checkable
+class MailboxStore(Protocol):
+    """A durable mailbox per execution: messages that arrive before the flow's gate does.
+
+    Only the mailbox lives here; consumption is decided by the log (a message is consumed once
+    a gate's record names its id), so a store need not be atomic with the log.
+    """
+
+    async def put_message(self, message: Message) -> Message:
+        """Store ``message`` at the end of its execution's mailbox and return it; if a message
+        with the same ``message_id`` is already stored for that execution, store nothing and
+        return the stored one (a repeated idempotency key)."""
+        ...
+
+    async def pending_messages(
+        self, execution_id: str, event_type: str, *, limit: int = 100
+    ) -> list[Message]:
+        """Up to ``limit`` messages of ``event_type`` not marked consumed, oldest first."""
+        ...
+
+    async def consume_message(self, execution_id: str, message_id: str) -> None:
+        """Mark a message consumed (after the log recorded it); idempotent."""
         ...
 
 

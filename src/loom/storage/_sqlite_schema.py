@@ -83,8 +83,17 @@ _V6: tuple[Step, ...] = (
     " fence INTEGER NOT NULL, expires_at REAL NOT NULL) WITHOUT ROWID",
 )
 
+# The mailbox: messages wait here until a gate consumes them (the log records which one did).
+_V7: tuple[Step, ...] = (
+    "CREATE TABLE loom_mailbox (execution_id TEXT NOT NULL, message_id TEXT NOT NULL,"
+    " seq INTEGER NOT NULL, event_type TEXT NOT NULL, payload TEXT NOT NULL,"
+    " sent_at REAL NOT NULL, consumed INTEGER NOT NULL DEFAULT 0,"
+    " PRIMARY KEY (execution_id, message_id)) WITHOUT ROWID",
+    "CREATE INDEX loom_mailbox_pending ON loom_mailbox (execution_id, event_type, consumed, seq)",
+)
+
 #: Steps that take a database from version N-1 to N.
-MIGRATIONS: dict[int, tuple[Step, ...]] = {1: _V1, 2: (), 3: _V3, 4: _V4, 5: (), 6: _V6}
+MIGRATIONS: dict[int, tuple[Step, ...]] = {1: _V1, 2: (), 3: _V3, 4: _V4, 5: (), 6: _V6, 7: _V7}
 
 
 def _tables(conn: sqlite3.Connection) -> set[str]:

@@ -20,15 +20,17 @@ from loom.model import (
 from loom.storage._blobs import check_blobs, check_hashes
 from loom.storage._common import (
     SNAPSHOT_LIMITS,
+    TERMINAL_TYPES,
     Waiters,
     batch_head,
     check_snapshot,
     check_take_over,
+    ended,
     refusal_for,
     take_over_refusal,
 )
 from loom.storage._index import FEED_KEY, encode_page_cursor, matches
-from loom.storage._spi import ExecutionPage, ExecutionQuery, Snapshot, Timer
+from loom.storage._spi import ExecutionPage, ExecutionQuery, Message, Snapshot, Timer
 
 __all__ = ["InMemoryStore"]
 
@@ -37,6 +39,12 @@ __all__ = ["InMemoryStore"]
 class _Head:
     fence: int = 0
     events: list[Envelope] = field(default_factory=list)
+
+
+def _loaded(stored: tuple[Message, str, bool]) -> Message:
+    """A fresh copy of a stored message (nothing aliases the stored payload)."""
+    m = stored[0]
+    return Message(m.execution_id, m.message_id, m.event_type, decode_json(stored[1]), m.sent_at)
 
 
 class InMemoryStore:
@@ -55,6 +63,8 @@ class InMemoryStore:
         self._summaries: dict[str, ExecutionSummary] = {}
         self._cursor = 0
         self._blobs: dict[tuple[str, str], bytes] = {}
+        # Per execution, in arrival order: message id -> (message with JSON text, consumed).
+        self._mailbox: dict[str, dict[str, tuple[Message, str, bool]]] = {}
 
     def _check_open(self) -> None:
         if self._closed:
@@ -69,6 +79,7 @@ class InMemoryStore:
             refusal = refusal_for(execution_id, first, fence, head.fence, len(head.events))
             if refusal is not None:
                 raise refusal
+            self._check_not_ended(execution_id, head)
             self._check_ids(execution_id, envelopes)
             faults.hit("before_commit")
             self._heads[execution_id] = head
@@ -89,6 +100,7 @@ class InMemoryStore:
             )
             if refusal is not None:
                 raise refusal
+            self._check_not_ended(execution_id, head)
             self._check_ids(execution_id, envelopes)
             faults.hit("before_commit")
             head.fence = from_fence + 1
@@ -108,6 +120,11 @@ class InMemoryStore:
         new = change.apply(self._summaries.get(execution_id))
         self._summaries[execution_id] = dataclasses.replace(new, cursor=self._cursor)
         return True
+
+    @staticmethod
+    def _check_not_ended(execution_id: str, head: _Head) -> None:
+        if head.events and head.events[-1].type in TERMINAL_TYPES:
+            raise ended(execution_id, str(head.events[-1].type))
 
     def _check_ids(self, execution_id: str, envelopes: Sequence[Envelope]) -> None:
         ids = [e.envelope_id for e in envelopes]
@@ -316,6 +333,31 @@ class InMemoryStore:
         with self._lock:
             held = self._leases.get(execution_id)
         return None if held is None else held[2]
+
+    async def put_message(self, message: Message) -> Message:
+        self._check_open()
+        text = encode_json(message.payload, what="message payload")
+        with self._lock:
+            box = self._mailbox.setdefault(message.execution_id, {})
+            stored = box.get(message.message_id)
+            if stored is not None:
+                return _loaded(stored)
+            box[message.message_id] = (message, text, False)
+        return _loaded((message, text, False))
+
+    async def pending_messages(
+        self, execution_id: str, event_type: str, *, limit: int = 100
+    ) -> list[Message]:
+        with self._lock:
+            box = list(self._mailbox.get(execution_id, {}).values())
+        return [_loaded(m) for m in box if not m[2] and m[0].event_type == event_type][:limit]
+
+    async def consume_message(self, execution_id: str, message_id: str) -> None:
+        with self._lock:
+            box = self._mailbox.get(execution_id, {})
+            stored = box.get(message_id)
+            if stored is not None:
+                box[message_id] = (stored[0], stored[1], True)
 
     async def close(self) -> None:
         self._closed = True

@@ -44,6 +44,7 @@ from loom.model import (
     Envelope,
     ExecutionSummary,
     PayloadLimits,
+    decode_json,
     encode_json,
     summary_change,
 )
@@ -80,7 +81,7 @@ from loom.storage._postgres_sql import (
     notify_channel,
     statements,
 )
-from loom.storage._spi import ExecutionPage, ExecutionQuery, Snapshot, Timer
+from loom.storage._spi import ExecutionPage, ExecutionQuery, Message, Snapshot, Timer
 
 __all__ = ["SCHEMA_VERSION", "PostgresStore"]
 
@@ -718,6 +719,39 @@ class PostgresStore:
             return None
         rows = await self._fetch(self._sql.lease_expiry, (execution_id,))
         return None if not rows else float(rows[0][0])
+
+    # ---------------------------------------------------------------- MailboxStore
+
+    async def put_message(self, message: Message) -> Message:
+        """See :meth:`loom.storage.MailboxStore.put_message`."""
+        eid, mid = message.execution_id, message.message_id
+        _storable(eid, "execution id")
+        _storable(mid, "message id")
+        _storable(message.event_type, "event type")
+        text = encode_json(message.payload, limits=self.limits, what="message payload")
+        _storable(text, "message payload")
+        params = (eid, mid, message.event_type, text, message.sent_at)
+        await self._write("mailbox", eid, self._sql.mailbox_put, params)
+        rows = await self._fetch(self._sql.mailbox_get, (eid, mid))
+        return Message(eid, mid, rows[0][0], decode_json(rows[0][1]), float(rows[0][2]))
+
+    async def pending_messages(
+        self, execution_id: str, event_type: str, *, limit: int = 100
+    ) -> list[Message]:
+        """See :meth:`loom.storage.MailboxStore.pending_messages`."""
+        if not (_storable_text(execution_id) and _storable_text(event_type)):
+            return []  # nothing can be stored under it
+        rows = await self._fetch(self._sql.mailbox_pending, (execution_id, event_type, limit))
+        return [
+            Message(execution_id, r[0], event_type, decode_json(r[1]), float(r[2])) for r in rows
+        ]
+
+    async def consume_message(self, execution_id: str, message_id: str) -> None:
+        """See :meth:`loom.storage.MailboxStore.consume_message`."""
+        if not (_storable_text(execution_id) and _storable_text(message_id)):
+            return
+        sql = self._sql.mailbox_consume
+        await self._write("mailbox", execution_id, sql, (execution_id, message_id))
 
     async def _write(self, kind: WriteKind, execution_id: str, sql: str, params: Any) -> Any:
         """Commit one statement through the group commit; its one row's count is the result."""

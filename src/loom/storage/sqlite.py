@@ -36,6 +36,7 @@ from loom.errors import (
     ConfigurationError,
     CorruptEventError,
     DuplicateEnvelopeIdError,
+    ExecutionEndedError,
     LoomError,
     NotALoomDatabaseError,
     StorageError,
@@ -48,6 +49,7 @@ from loom.model import (
     ExecutionSummary,
     PayloadLimits,
     SummaryChange,
+    decode_json,
     encode_json,
     summary_change,
 )
@@ -55,12 +57,14 @@ from loom.storage._batching import GroupCommit, WriteRequest
 from loom.storage._blobs import check_blobs, check_hashes
 from loom.storage._common import (
     SNAPSHOT_LIMITS,
+    TERMINAL_SQL,
     Waiters,
     batch_head,
     check_snapshot,
     check_take_over,
     decode_envelope,
     decode_snapshot,
+    ended,
     refusal_for,
     snapshot_checksum,
     take_over_refusal,
@@ -73,7 +77,7 @@ from loom.storage._index import (
     where_clause,
 )
 from loom.storage._schema import SCHEMA_VERSION
-from loom.storage._spi import ExecutionPage, ExecutionQuery, Snapshot, Timer
+from loom.storage._spi import ExecutionPage, ExecutionQuery, Message, Snapshot, Timer
 from loom.storage._sqlite_schema import check_readable, migrate
 
 __all__ = ["SCHEMA_VERSION", "SQLiteStore"]
@@ -145,6 +149,17 @@ _LAST_SEQUENCE = "SELECT max(sequence) FROM loom_events WHERE execution_id = ?"
 def _next_sequence(conn: sqlite3.Connection, execution_id: str) -> int:
     row = conn.execute(_LAST_SEQUENCE, (execution_id,)).fetchone()
     return 0 if row is None or row[0] is None else int(row[0]) + 1
+
+
+def _ended_refusal(
+    conn: sqlite3.Connection, execution_id: str, first: int
+) -> ExecutionEndedError | None:
+    row = conn.execute(
+        f"SELECT type FROM loom_events WHERE execution_id = ? AND sequence = ? "
+        f"AND type IN ({TERMINAL_SQL})",
+        (execution_id, first - 1),
+    ).fetchone()
+    return None if row is None else ended(execution_id, str(row[0]))
 
 
 def _event_row(e: Envelope) -> tuple[Any, ...]:
@@ -544,6 +559,9 @@ class SQLiteStore:
             current_fence = head[0] if head is not None else 0
             next_sequence = _next_sequence(conn, execution_id)
             refusal = refusal_for(execution_id, first, fence, current_fence, next_sequence)
+            if refusal is None and first > 0:
+                # Nothing follows a terminal event: one primary-key probe of the tail.
+                refusal = _ended_refusal(conn, execution_id, first)
             if refusal is not None:
                 raise refusal
             if first == 0:  # a start: the head records that the execution exists
@@ -586,6 +604,9 @@ class SQLiteStore:
             refusal = take_over_refusal(
                 execution_id, first, from_fence, current_fence, next_sequence
             )
+            if refusal is not None:
+                raise refusal
+            refusal = _ended_refusal(conn, execution_id, first)
             if refusal is not None:
                 raise refusal
             conn.execute(
@@ -941,6 +962,54 @@ class SQLiteStore:
             .fetchone()
         )
         return None if row is None or row[0] is None else float(row[0])
+
+    # ---------------------------------------------------------------- MailboxStore
+
+    async def put_message(self, message: Message) -> Message:
+        text = encode_json(message.payload, limits=self.limits, what="message payload")
+        eid, mid = message.execution_id, message.message_id
+
+        def apply(conn: sqlite3.Connection) -> Message:
+            row = conn.execute(
+                "SELECT event_type, payload, sent_at FROM loom_mailbox "
+                "WHERE execution_id = ? AND message_id = ?",
+                (eid, mid),
+            ).fetchone()
+            if row is not None:
+                return Message(eid, mid, row[0], decode_json(row[1]), row[2])
+            conn.execute(
+                "INSERT INTO loom_mailbox (execution_id, message_id, seq, event_type, payload,"
+                " sent_at) VALUES (?, ?, (SELECT coalesce(max(seq), 0) + 1 FROM loom_mailbox"
+                " WHERE execution_id = ?), ?, ?, ?)",
+                (eid, mid, eid, message.event_type, text, message.sent_at),
+            )
+            return Message(eid, mid, message.event_type, decode_json(text), message.sent_at)
+
+        stored: Message = await self._submit(apply, None)
+        return stored
+
+    async def pending_messages(
+        self, execution_id: str, event_type: str, *, limit: int = 100
+    ) -> list[Message]:
+        rows = (
+            self._reader()
+            .execute(
+                "SELECT message_id, payload, sent_at FROM loom_mailbox WHERE execution_id = ? "
+                "AND event_type = ? AND consumed = 0 ORDER BY seq LIMIT ?",
+                (execution_id, event_type, limit),
+            )
+            .fetchall()
+        )
+        return [Message(execution_id, r[0], event_type, decode_json(r[1]), r[2]) for r in rows]
+
+    async def consume_message(self, execution_id: str, message_id: str) -> None:
+        def apply(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                "UPDATE loom_mailbox SET consumed = 1 WHERE execution_id = ? AND message_id = ?",
+                (execution_id, message_id),
+            )
+
+        await self._submit(apply, None)
 
     # ---------------------------------------------------------------- lifecycle
 

@@ -51,6 +51,8 @@ from loom.storage._spi import (
     ExecutionPage,
     ExecutionQuery,
     LeaseStore,
+    MailboxStore,
+    Message,
     Snapshot,
     SnapshotStore,
     Timer,
@@ -459,6 +461,40 @@ class TenantScopedEventStore:
         return await self._call(
             self._blob_store().get_blobs(hashes, namespace=self._prefix + namespace)
         )
+
+    # ---------------------------------------------------------------- MailboxStore
+
+    def _mailbox(self) -> MailboxStore | None:
+        return self.store if isinstance(self.store, MailboxStore) else None
+
+    async def put_message(self, message: Message) -> Message:
+        self._check_open()
+        mailbox = self._mailbox()
+        if mailbox is None:
+            raise ConfigurationError(
+                f"the store under tenant {self.tenant!r} keeps no mailbox",
+                execution_id=message.execution_id,
+                hint="Use a store that implements MailboxStore (memory, SQLite, PostgreSQL)",
+            )
+        scoped = dataclasses.replace(message, execution_id=self._scope(message.execution_id))
+        stored = await self._call(mailbox.put_message(scoped))
+        return dataclasses.replace(stored, execution_id=self._unscope(stored.execution_id))
+
+    async def pending_messages(
+        self, execution_id: str, event_type: str, *, limit: int = 100
+    ) -> list[Message]:
+        mailbox = self._mailbox()
+        if mailbox is None:
+            return []  # a store without a mailbox holds no messages
+        found = await self._call(
+            mailbox.pending_messages(self._scope(execution_id), event_type, limit=limit)
+        )
+        return [dataclasses.replace(m, execution_id=self._unscope(m.execution_id)) for m in found]
+
+    async def consume_message(self, execution_id: str, message_id: str) -> None:
+        mailbox = self._mailbox()
+        if mailbox is not None:
+            await self._call(mailbox.consume_message(self._scope(execution_id), message_id))
 
     def __repr__(self) -> str:
         return f"TenantScopedEventStore({self.store!r}, tenant={self.tenant!r})"

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from loom.errors import NonDeterminismError
-from loom.model import DEFAULT_LIMITS, Envelope, ExecutionState, replay
+from loom.errors import ExecutionEndedError, NonDeterminismError
+from loom.model import DEFAULT_LIMITS, Envelope, ExecutionState, ExecutionStatus, replay
 from loom.runtime import Flow, SystemClock
 from loom.runtime._context import SuspendExecution, WorkflowContext
 from loom.runtime._driver import Driver
@@ -62,9 +62,16 @@ async def replay_flow(flow: Flow[Any, Any], envelopes: Sequence[Envelope]) -> Ex
         return state
     except NonDeterminismError:
         raise
+    except ExecutionEndedError as exc:
+        raise NonDeterminismError(
+            f"replay of {state.execution_id!r} went beyond the recorded log: the code now "
+            f"records more after its {state.status} outcome",
+            execution_id=state.execution_id,
+        ) from exc
     except Exception:
-        # The code raised where the log recorded a failure: that is a faithful replay.
-        if state.error is None:
+        # The code raised where the log recorded a failure (or a cancellation the flow
+        # re-raised while cleaning up): that is a faithful replay.
+        if state.error is None and state.status is not ExecutionStatus.CANCELLED:
             raise
         return state
     ctx._check_fully_replayed()

@@ -20,12 +20,13 @@ from loom.errors import (
     DuplicateEnvelopeIdError,
     DuplicateSequenceError,
     ExecutionAlreadyExistsError,
+    ExecutionEndedError,
     StaleFenceError,
     StartFencedOutError,
     StorageWriteError,
 )
 from loom.model import Envelope, EventType
-from loom.storage import Snapshot, Store
+from loom.storage import MailboxStore, Message, Snapshot, Store
 
 __all__ = ["STORE_CHECKS", "StoreFactory", "run_event_store_conformance", "run_store_check"]
 
@@ -176,6 +177,54 @@ async def check_stale_fence_is_refused(store: Store, reopen: Reopen | None) -> N
     await store.append([env("zombie", 1, new)])
     await _expect(StaleFenceError, store.append([env("zombie", 2, old)]))
     assert [e.fence for e in await store.read("zombie")] == [old, new]
+
+
+@_check
+async def check_nothing_follows_a_terminal_event(store: Store, reopen: Reopen | None) -> None:
+    for i, terminal in enumerate(
+        (EventType.EXECUTION_COMPLETED, EventType.EXECUTION_FAILED, EventType.EXECUTION_CANCELLED)
+    ):
+        eid = f"ended-{i}"
+        fence = await _start(store, eid, 2)
+        await store.append([env(eid, 2, fence, type=terminal, payload={})])
+        err = await _expect(ExecutionEndedError, store.append([env(eid, 3, fence)]))
+        assert getattr(err, "execution_id", None) == eid
+        await _expect(
+            ExecutionEndedError, store.take_over([env(eid, 3, fence + 1)], from_fence=fence)
+        )
+        assert await store.last_sequence(eid) == 2 and await store.current_fence(eid) == fence
+    # A stale holder still learns it was fenced out, and a gap is still a gap.
+    fence = await _start(store, "ended-x", 1)
+    await store.append([env("ended-x", 1, fence, type=EventType.EXECUTION_COMPLETED, payload={})])
+    newer = await store.acquire_fence("ended-x")
+    await _expect(StaleFenceError, store.append([env("ended-x", 2, fence)]))
+    await _expect(DuplicateSequenceError, store.append([env("ended-x", 5, newer)]))
+
+
+@_check
+async def check_mailbox(store: Store, reopen: Reopen | None) -> None:
+    """Messages wait in order per execution and event type; an id is stored once."""
+    if not isinstance(store, MailboxStore):
+        return  # an optional capability: runtime.send refuses a store without it
+    first = await store.put_message(Message("mb", "m1", "Go", {"n": 1, "s": "é"}, 1.0))
+    assert first == Message("mb", "m1", "Go", {"n": 1, "s": "é"}, 1.0)
+    await store.put_message(Message("mb", "m2", "Stop", None, 2.0))
+    await store.put_message(Message("mb", "m3", "Go", [1, 2], 3.0))
+    await store.put_message(Message("other", "m1", "Go", "not mb's", 4.0))
+    again = await store.put_message(Message("mb", "m1", "Go", {"n": "changed"}, 9.0))
+    assert again == first  # a repeated id stores nothing and returns the stored message
+    assert [m.message_id for m in await store.pending_messages("mb", "Go")] == ["m1", "m3"]
+    assert [m.payload for m in await store.pending_messages("mb", "Go", limit=1)] == [
+        {"n": 1, "s": "é"}
+    ]
+    await store.consume_message("mb", "m1")
+    await store.consume_message("mb", "m1")  # idempotent
+    await store.consume_message("mb", "unknown")
+    assert [m.message_id for m in await store.pending_messages("mb", "Go")] == ["m3"]
+    assert [m.message_id for m in await store.pending_messages("mb", "Stop")] == ["m2"]
+    assert [m.payload for m in await store.pending_messages("other", "Go")] == ["not mb's"]
+    assert await store.pending_messages("nobody", "Go") == []
+    assert await store.put_message(Message("mb", "m1", "Go", None, 0.0)) == first  # still known
 
 
 @_check
