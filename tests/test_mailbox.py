@@ -205,3 +205,47 @@ async def test_the_mailbox_survives_a_restart(tmp_path: Path) -> None:
     await rt2.send("restart-1", "Greet", {"text": "too"})
     assert await rt2.handle("restart-1").result(timeout=10) == "kept-too"
     await rt2.close()
+
+
+class _SendsDuringTheGate(InMemoryStore):
+    """A message stored while the gate is being recorded: the sender found the execution still
+    running (so it did not deliver), and the holder's first look found nothing yet."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.looked = 0
+
+    async def pending_messages(
+        self, execution_id: str, event_type: str, *, limit: int = 100
+    ) -> Any:
+        self.looked += 1
+        if self.looked == 1:
+            found = await super().pending_messages(execution_id, event_type, limit=limit)
+            await self.put_message(
+                loom.Message(execution_id, "raced", event_type, {"text": "raced"}, 0.0)
+            )
+            return found
+        return await super().pending_messages(execution_id, event_type, limit=limit)
+
+
+@loom.flow(id="one-gate", resume_schemas={"Greet": Greeting})
+async def one_gate(ctx: loom.WorkflowContext) -> str:
+    greeting: Greeting = await ctx.suspend("Greet")
+    return greeting.text
+
+
+async def test_a_message_stored_while_the_gate_is_recorded_is_not_stranded() -> None:
+    store = _SendsDuringTheGate()
+    rt = loom.WorkflowRuntime(store, clock=SkippingClock())
+    handle = await rt.start(one_gate, None, execution_id="race-1")
+    # The holder looks again once its wait is durable: the message is taken, never stranded
+    # in the mailbox of a suspended execution.
+    assert await handle.result(timeout=10) == "raced"
+    assert store.looked >= 2
+    types = [e.type for e in await store.read("race-1")]
+    assert types[1:] == [
+        EventType.EXECUTION_SUSPENDED,
+        EventType.EXECUTION_RESUMED,
+        EventType.EXECUTION_COMPLETED,
+    ]
+    await rt.close()
