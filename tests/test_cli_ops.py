@@ -38,7 +38,7 @@ def test_executions_full_ids_filters_and_limit(cwd: Path) -> None:
     listed = ok(loom_cli("executions", cwd=cwd)).stdout  # piped: never truncated
     assert long_id in listed
     ids = [e["execution_id"] for e in as_json(ok(loom_cli("executions", "--json", cwd=cwd)))]
-    assert ids == sorted([long_id, "n1", "n2"])
+    assert ids == ["n2", "n1", long_id]  # newest first, from the index
 
     def listing(*args: str) -> list[str]:
         out = ok(loom_cli("executions", "--json", *args, cwd=cwd))
@@ -46,7 +46,7 @@ def test_executions_full_ids_filters_and_limit(cwd: Path) -> None:
 
     assert listing("--status", "completed") == ["n2"]
     assert listing("--status", "suspended", "--flow", "note") == ["n1"]
-    assert listing("-s", "suspended", "-s", "completed", "--flow", "note") == ["n1", "n2"]
+    assert listing("-s", "suspended", "-s", "completed", "--flow", "note") == ["n2", "n1"]
     assert listing("--limit", "1") == [ids[0]]
     line = one_line_error(loom_cli("executions", "--status", "sleeping", cwd=cwd))
     assert "--status takes" in line
