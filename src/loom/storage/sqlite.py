@@ -58,6 +58,7 @@ from loom.storage._blobs import check_blobs, check_hashes
 from loom.storage._common import (
     SNAPSHOT_LIMITS,
     TERMINAL_SQL,
+    TERMINAL_TYPES,
     Waiters,
     batch_head,
     check_snapshot,
@@ -149,6 +150,19 @@ _LAST_SEQUENCE = "SELECT max(sequence) FROM loom_events WHERE execution_id = ?"
 def _next_sequence(conn: sqlite3.Connection, execution_id: str) -> int:
     row = conn.execute(_LAST_SEQUENCE, (execution_id,)).fetchone()
     return 0 if row is None or row[0] is None else int(row[0]) + 1
+
+
+# The tail event and its type in one seek to the end of the primary key's range: the next
+# sequence, and whether the log already ended (nothing may follow a terminal event).
+_TAIL = (
+    "SELECT sequence, type FROM loom_events WHERE execution_id = ? ORDER BY sequence DESC LIMIT 1"
+)
+
+
+def _tail(conn: sqlite3.Connection, execution_id: str) -> tuple[int, str | None]:
+    """(next sequence, the last event's type or None when the log is empty)."""
+    row = conn.execute(_TAIL, (execution_id,)).fetchone()
+    return (0, None) if row is None else (int(row[0]) + 1, str(row[1]))
 
 
 def _ended_refusal(
@@ -557,11 +571,11 @@ class SQLiteStore:
             # a start, a take-over or a fence change.
             head = conn.execute(_HEAD_FENCE, (execution_id,)).fetchone()
             current_fence = head[0] if head is not None else 0
-            next_sequence = _next_sequence(conn, execution_id)
+            next_sequence, last_type = _tail(conn, execution_id)
             refusal = refusal_for(execution_id, first, fence, current_fence, next_sequence)
-            if refusal is None and first > 0:
-                # Nothing follows a terminal event: one primary-key probe of the tail.
-                refusal = _ended_refusal(conn, execution_id, first)
+            if refusal is None and last_type in TERMINAL_TYPES:
+                # Nothing follows a terminal event (the tail read above already holds its type).
+                refusal = ended(execution_id, last_type)
             if refusal is not None:
                 raise refusal
             if first == 0:  # a start: the head records that the execution exists
