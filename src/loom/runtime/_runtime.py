@@ -34,6 +34,7 @@ from loom.errors import (
 )
 from loom.model import (
     DEFAULT_LIMITS,
+    Envelope,
     EventPayload,
     ExecutionCancelled,
     ExecutionCompleted,
@@ -54,7 +55,7 @@ from loom.model import (
     new_envelope_id,
     replay,
 )
-from loom.runtime import _cancel, _mailbox
+from loom.runtime import _await, _cancel, _mailbox
 from loom.runtime._cancel import (
     CANCEL_GRACE_POSITION,
     DEADLINE_KEY,
@@ -257,6 +258,36 @@ class WorkflowRuntime:
     def handle(self, execution_id: str) -> ExecutionHandle[Any]:
         """A handle on any execution in the store (started here or elsewhere)."""
         return ExecutionHandle(self, execution_id, self._drivers.get(execution_id))
+
+    async def wait(
+        self,
+        execution_id: str,
+        *,
+        timeout: float | None = None,
+        until: Literal["end", "settled"] = "end",
+        missing_ok: bool = False,
+    ) -> ExecutionState:
+        """Await the outcome of any execution by id, whichever process drives it.
+
+        Returns the folded state once the execution is completed, failed or cancelled (with
+        ``until="settled"``, also once it is suspended at a gate). It never raises the
+        execution's own failure: the state says how it ended. This is how a caller handles a
+        superseded refusal (ADR 0004): the winner runs on elsewhere; await it here.
+
+        The wait is woken by the store's commits (LISTEN/NOTIFY on PostgreSQL; in-process
+        wake-ups and a shared change watch on SQLite), not by polling the log. Raises
+        :class:`ExecutionNotFoundError` for an unknown id (unless ``missing_ok``: then it waits
+        for the execution to start) and :class:`TimeoutError` after ``timeout`` seconds.
+        """
+        _check_id(execution_id)
+        return await _await.wait(self, execution_id, timeout, until, missing_ok)
+
+    def subscribe(self, execution_id: str, *, after_sequence: int = -1) -> AsyncIterator[Envelope]:
+        """Every envelope of ``execution_id`` after ``after_sequence``, each as it commits
+        (from any process); the iteration ends after the terminal event. An execution not
+        started yet is waited for."""
+        _check_id(execution_id)
+        return _await.subscribe(self, execution_id, after_sequence)
 
     # ------------------------------------------------------------------ start
 

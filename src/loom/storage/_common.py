@@ -385,6 +385,12 @@ class Waiters:
                 if not entries:
                     del self._by_execution[execution_id]
 
+    def notify_all(self) -> None:
+        """Wake every waiter (something changed that may concern any of them)."""
+        with self._lock:
+            keys = list(self._by_execution)
+        self.notify(keys)
+
     def notify(self, execution_ids: Sequence[str]) -> None:
         if not self._by_execution:
             return

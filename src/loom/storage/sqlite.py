@@ -80,11 +80,15 @@ from loom.storage._index import (
 from loom.storage._schema import SCHEMA_VERSION
 from loom.storage._spi import ExecutionPage, ExecutionQuery, Message, Snapshot, Timer
 from loom.storage._sqlite_schema import check_readable, migrate
+from loom.storage._sqlite_watch import ChangeWatch
 
 __all__ = ["SCHEMA_VERSION", "SQLiteStore"]
 
 # One writer at a time (BEGIN IMMEDIATE, across processes) makes max + 1 a commit-ordered
 # change cursor: no reader of the feed can ever find a later commit below a cursor it has seen.
+#: How often a waiter re-checks its execution even if the change watch saw nothing (a
+#: filesystem with coarse file times); the watch itself wakes it within ``poll_interval``.
+_SAFETY_POLL = 1.0
 _NEXT_CURSOR = "(SELECT coalesce(max(cursor), 0) + 1 FROM loom_executions)"
 
 # A start sets every field (forked_from survives a fork record written before it); any later
@@ -254,6 +258,11 @@ class SQLiteStore:
         self.limits = limits
         self.read_only = read_only
         self._waiters = Waiters()
+        self._watch: ChangeWatch | None = None
+        if self.path != ":memory:" and not self.path.startswith("file:"):
+            self._watch = ChangeWatch(
+                (self.path, self.path + "-wal"), self._waiters.notify_all, poll_interval
+            )
         self._local = threading.local()
         self._readers: list[sqlite3.Connection] = []
         self._readers_lock = threading.Lock()
@@ -748,10 +757,16 @@ class SQLiteStore:
     async def wait_for_append(
         self, execution_id: str, after_sequence: int, *, timeout: float | None = None
     ) -> int:
-        # In-process appends wake waiters at once; other processes' appends are seen by polling.
-        return await self._waiters.wait(
-            execution_id, after_sequence, timeout, self.last_sequence, self.poll_interval
-        )
+        # In-process appends wake waiters at once; other processes' appends are seen by the
+        # shared change watch (a stat of the files per interval, not a query per waiter).
+        if self._watch is None:
+            return await self._waiters.wait(
+                execution_id, after_sequence, timeout, self.last_sequence, self.poll_interval
+            )
+        with self._watch.watching():
+            return await self._waiters.wait(
+                execution_id, after_sequence, timeout, self.last_sequence, _SAFETY_POLL
+            )
 
     # ---------------------------------------------------------------- ExecutionIndex
 
@@ -1059,6 +1074,8 @@ class SQLiteStore:
         if self._closed:
             return
         self._closed = True
+        if self._watch is not None:
+            self._watch.stop()
         thread, self._thread = self._thread, None
         if thread is not None and self._thread_pid == os.getpid():
             # Batches already on the thread finish (their callers hear the outcome); later
