@@ -14,7 +14,15 @@ The tree::
     ├── ResumeError                        a resume the execution cannot take
     │   ├── ResumeValidationError          payload fails the gate's resume schema
     │   ├── NotWaitingError                not suspended on that event
+    │   │   └── GateSupersededError        a promoted branch took the gate's place
     │   └── GateTimedOutError              the gate's timeout already fired
+    ├── ForkError                          a fork the parent's log cannot give
+    ├── BranchError                        a branch-ref operation refused (nothing changed)
+    │   ├── InvalidRefNameError            not a valid ref name
+    │   ├── RefNotFoundError               no ref of that name
+    │   ├── RefExistsError                 a ref of that name points elsewhere
+    │   └── RefConflictError               a compare-and-swap lost: the ref moved
+    │       └── PromotionConflictError     the target is no longer what the branch forked from
     ├── NonDeterminismError                replay asked for a different operation
     ├── UnknownEventError                  an event type this process cannot fold
     ├── ConcurrentWaitError                a flow awaited two gates/sleeps at once
@@ -61,6 +69,7 @@ from typing import Any, ClassVar
 
 __all__ = [
     "AuthenticationError",
+    "BranchError",
     "CircuitOpenError",
     "ConcurrentWaitError",
     "ConfigurationError",
@@ -75,13 +84,20 @@ __all__ = [
     "ExecutionNotFoundError",
     "ExecutionSupersededError",
     "FlowNotFoundError",
+    "ForkError",
+    "GateSupersededError",
     "GateTimedOutError",
     "InvalidInputError",
+    "InvalidRefNameError",
     "LoomError",
     "NonDeterminismError",
     "NotALoomDatabaseError",
     "NotWaitingError",
     "PayloadError",
+    "PromotionConflictError",
+    "RefConflictError",
+    "RefExistsError",
+    "RefNotFoundError",
     "RemoteWorkerError",
     "ResumeError",
     "ResumeValidationError",
@@ -249,6 +265,67 @@ class ResumeValidationError(ResumeError):
 
 class NotWaitingError(ResumeError):
     code = "not_waiting"
+
+
+class GateSupersededError(NotWaitingError):
+    """The gate was closed by the promotion of a branch forked at it: the branch carries the
+    work on, so a decision for the parent's gate is refused (``superseded_by`` names it)."""
+
+    code = "gate_superseded"
+    default_hint = "Decide the gate in the promoted branch instead"
+    event_type: str | None
+    superseded_by: str | None
+
+
+class ForkError(LoomError):
+    """A fork the parent's log cannot give: a sequence past its head, inside a step (its
+    attempt started and has no record yet), or at its terminal event. Nothing was written."""
+
+    code = "fork_refused"
+    default_hint = "Pick a sequence between steps; `loom logs ID` shows the timeline"
+    at_sequence: int | None
+    head: int | None
+
+
+class BranchError(LoomError):
+    """A branch-ref operation was refused; no ref changed."""
+
+    code = "branch"
+    ref: str | None
+
+
+class InvalidRefNameError(BranchError):
+    code = "invalid_ref_name"
+    default_hint = (
+        "A ref name is 1-200 characters of letters, digits and . _ - / (no leading or "
+        "trailing /, no //, no ..)"
+    )
+
+
+class RefNotFoundError(BranchError):
+    code = "ref_not_found"
+    default_hint = "`loom branches` lists the refs"
+
+
+class RefExistsError(BranchError):
+    code = "ref_exists"
+    default_hint = "Pick another name, or move the ref with move_tip/promote"
+
+
+class RefConflictError(BranchError):
+    """A compare-and-swap lost: the ref is not where the caller expected it."""
+
+    code = "ref_conflict"
+    default_hint = "Re-read the ref (`loom branches`) and decide again"
+    expected: Any
+    actual: Any
+
+
+class PromotionConflictError(RefConflictError):
+    """The promotion is not a fast-forward: the target ref no longer points at the state the
+    branch was forked from (another branch was promoted first, or the parent moved on)."""
+
+    code = "promotion_conflict"
 
 
 class GateTimedOutError(ResumeError):

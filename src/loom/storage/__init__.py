@@ -3,6 +3,7 @@
 from typing import TYPE_CHECKING
 
 from loom.storage._blobs import AppendsWithBlobs, BlobStore, blob_hash
+from loom.storage._branches import BranchRef, BranchRegistry, check_ref_name
 from loom.storage._open import open_store
 from loom.storage._spi import (
     EventStore,
@@ -28,6 +29,8 @@ if TYPE_CHECKING:
 __all__ = [
     "AppendsWithBlobs",
     "BlobStore",
+    "BranchRef",
+    "BranchRegistry",
     "EventStore",
     "ExecutionIndex",
     "ExecutionPage",
@@ -45,6 +48,7 @@ __all__ = [
     "Timer",
     "TimerStore",
     "blob_hash",
+    "check_ref_name",
     "open_store",
 ]
 

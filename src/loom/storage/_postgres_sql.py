@@ -136,6 +136,14 @@ MIGRATIONS: dict[int, tuple[Step, ...]] = {
         "CREATE INDEX mailbox_pending ON {s}.mailbox (execution_id, event_type, seq)"
         " WHERE NOT consumed",
     ),
+    # Branch refs (see loom.storage.BranchRegistry): a move locks the row (FOR UPDATE).
+    8: (
+        'CREATE TABLE {s}.refs (name text COLLATE "C" PRIMARY KEY,'
+        ' execution_id text COLLATE "C" NOT NULL, tip bigint NOT NULL,'
+        ' forked_from text COLLATE "C", fork_sequence bigint, version bigint NOT NULL,'
+        " updated_at double precision NOT NULL, updated_by text, promoted_from text,"
+        " reason text)",
+    ),
 }
 
 # One statement per append or take-over. The INSERT reads from the head write's RETURNING, so a

@@ -18,10 +18,11 @@ bump here; a rung that does not apply to one dialect is an empty tuple there.
    ``next_sequence`` as the tail, away from a file written this way.
 6. liveness leases (``leases``: who drives an execution, under which fence, until when).
 7. the mailbox (``mailbox``: messages sent to an execution before its gate takes them).
+8. branch refs (``refs``: named (execution, sequence) points, moved by compare-and-swap).
 """
 
 from __future__ import annotations
 
 __all__ = ["SCHEMA_VERSION"]
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8

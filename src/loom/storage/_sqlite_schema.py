@@ -92,8 +92,26 @@ _V7: tuple[Step, ...] = (
     "CREATE INDEX loom_mailbox_pending ON loom_mailbox (execution_id, event_type, consumed, seq)",
 )
 
+# Branch refs (see loom.storage.BranchRegistry): one row per name; a move is a conditional
+# UPDATE inside the write transaction.
+_V8: tuple[Step, ...] = (
+    "CREATE TABLE loom_refs (name TEXT PRIMARY KEY, execution_id TEXT NOT NULL,"
+    " tip INTEGER NOT NULL, forked_from TEXT, fork_sequence INTEGER,"
+    " version INTEGER NOT NULL, updated_at REAL NOT NULL, updated_by TEXT,"
+    " promoted_from TEXT, reason TEXT) WITHOUT ROWID",
+)
+
 #: Steps that take a database from version N-1 to N.
-MIGRATIONS: dict[int, tuple[Step, ...]] = {1: _V1, 2: (), 3: _V3, 4: _V4, 5: (), 6: _V6, 7: _V7}
+MIGRATIONS: dict[int, tuple[Step, ...]] = {
+    1: _V1,
+    2: (),
+    3: _V3,
+    4: _V4,
+    5: (),
+    6: _V6,
+    7: _V7,
+    8: _V8,
+}
 
 
 def _tables(conn: sqlite3.Connection) -> set[str]:

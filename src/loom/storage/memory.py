@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 from collections.abc import AsyncIterator, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from loom import faults
-from loom.errors import DuplicateEnvelopeIdError, StorageWriteError
+from loom.errors import (
+    DuplicateEnvelopeIdError,
+    RefConflictError,
+    RefNotFoundError,
+    StorageWriteError,
+)
 from loom.model import (
     Envelope,
     ExecutionSummary,
@@ -18,6 +24,15 @@ from loom.model import (
     summary_change,
 )
 from loom.storage._blobs import check_blobs, check_hashes
+from loom.storage._branches import (
+    BranchRef,
+    check_ref_name,
+    check_target,
+    check_tip,
+    lineage,
+    promoted,
+    put_conflict,
+)
 from loom.storage._common import (
     SNAPSHOT_LIMITS,
     TERMINAL_TYPES,
@@ -65,6 +80,7 @@ class InMemoryStore:
         self._blobs: dict[tuple[str, str], bytes] = {}
         # Per execution, in arrival order: message id -> (message with JSON text, consumed).
         self._mailbox: dict[str, dict[str, tuple[Message, str, bool]]] = {}
+        self._refs: dict[str, BranchRef] = {}
 
     def _check_open(self) -> None:
         if self._closed:
@@ -358,6 +374,86 @@ class InMemoryStore:
             stored = box.get(message_id)
             if stored is not None:
                 box[message_id] = (stored[0], stored[1], True)
+
+    # ---------------------------------------------------------------- BranchRegistry
+
+    def _ref(self, name: str) -> BranchRef:
+        ref = self._refs.get(name)
+        if ref is None:
+            raise RefNotFoundError(f"no ref {name!r}", ref=name)
+        return ref
+
+    async def put_ref(
+        self,
+        name: str,
+        execution_id: str,
+        tip: int,
+        *,
+        forked_from: str | None = None,
+        fork_sequence: int | None = None,
+    ) -> BranchRef:
+        check_ref_name(name)
+        check_target(execution_id)
+        check_tip(tip)
+        if fork_sequence is not None:
+            check_tip(fork_sequence, "fork sequence")
+        self._check_open()
+        with self._lock:
+            existing = self._refs.get(name)
+            if existing is not None:
+                return put_conflict(existing, execution_id, tip)
+            ref = BranchRef(
+                name, execution_id, tip, forked_from, fork_sequence, updated_at=time.time()
+            )
+            self._refs[name] = ref
+            return ref
+
+    async def get_ref(self, name: str) -> BranchRef | None:
+        check_ref_name(name)
+        with self._lock:
+            return self._refs.get(name)
+
+    async def move_tip(self, name: str, sequence: int, *, expected: int) -> BranchRef:
+        check_ref_name(name)
+        check_tip(sequence)
+        self._check_open()
+        with self._lock:
+            ref = self._ref(name)
+            if ref.tip != expected:
+                raise RefConflictError(
+                    f"ref {name!r} is at sequence {ref.tip}, not {expected}",
+                    ref=name,
+                    expected=expected,
+                    actual=ref.tip,
+                )
+            moved = dataclasses.replace(
+                ref, tip=sequence, version=ref.version + 1, updated_at=time.time()
+            )
+            self._refs[name] = moved
+            return moved
+
+    async def promote(
+        self, from_ref: str, to_ref: str, *, by: str, reason: str | None = None
+    ) -> BranchRef:
+        check_ref_name(from_ref)
+        check_ref_name(to_ref)
+        self._check_open()
+        with self._lock:
+            moved = promoted(
+                self._ref(from_ref), self._ref(to_ref), by=by, reason=reason, now=time.time()
+            )
+            self._refs[to_ref] = moved
+            return moved
+
+    async def list_refs(self, prefix: str = "") -> list[BranchRef]:
+        with self._lock:
+            return sorted(
+                (r for r in self._refs.values() if r.name.startswith(prefix)),
+                key=lambda r: r.name,
+            )
+
+    async def children(self, execution_id: str) -> list[ExecutionSummary]:
+        return await lineage(self, execution_id)
 
     async def close(self) -> None:
         self._closed = True

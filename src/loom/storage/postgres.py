@@ -66,6 +66,7 @@ from loom.storage._index import (
     summary_from_row,
     where_clause,
 )
+from loom.storage._postgres_branches import PostgresBranches
 from loom.storage._postgres_commit import PostgresWrite, PostgresWriter, WriteKind
 from loom.storage._postgres_listen import NotifyListener
 from loom.storage._postgres_sql import (
@@ -106,7 +107,7 @@ def _storable_text(value: str) -> bool:
     return True
 
 
-class PostgresStore:
+class PostgresStore(PostgresBranches):
     """The event, snapshot, fence and timer store over PostgreSQL (psycopg 3, an asyncio pool).
 
     The constructor only records settings; the pool opens (and the schema is created or

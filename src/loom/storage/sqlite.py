@@ -79,6 +79,7 @@ from loom.storage._index import (
 )
 from loom.storage._schema import SCHEMA_VERSION
 from loom.storage._spi import ExecutionPage, ExecutionQuery, Message, Snapshot, Timer
+from loom.storage._sqlite_branches import SQLiteBranches
 from loom.storage._sqlite_schema import check_readable, migrate
 from loom.storage._sqlite_watch import ChangeWatch
 
@@ -228,7 +229,7 @@ class _Request(WriteRequest):
     feed: bool = False
 
 
-class SQLiteStore:
+class SQLiteStore(SQLiteBranches):
     """The embedded event, snapshot and fence store over one SQLite file.
 
     ``path`` may be ``":memory:"`` only for throwaway use within one connection; prefer a file.

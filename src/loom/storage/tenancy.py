@@ -37,6 +37,7 @@ from collections.abc import AsyncIterator, Awaitable, Collection, Iterable, Mapp
 from typing import TypeVar
 
 from loom.errors import (
+    BranchError,
     ConfigurationError,
     LoomError,
     StartFencedOutError,
@@ -44,6 +45,13 @@ from loom.errors import (
 )
 from loom.model import Envelope, ExecutionSummary
 from loom.storage._blobs import AppendsWithBlobs, BlobStore
+from loom.storage._branches import (
+    BranchRef,
+    BranchRegistry,
+    check_ref_name,
+    check_target,
+    lineage,
+)
 from loom.storage._index import decode_page_cursor, encode_page_cursor
 from loom.storage._spi import (
     EventStore,
@@ -495,6 +503,104 @@ class TenantScopedEventStore:
         mailbox = self._mailbox()
         if mailbox is not None:
             await self._call(mailbox.consume_message(self._scope(execution_id), message_id))
+
+    # ---------------------------------------------------------------- BranchRegistry
+
+    def _registry(self) -> BranchRegistry:
+        if not isinstance(self.store, BranchRegistry):
+            raise ConfigurationError(f"{self.store!r} keeps no branch refs")
+        return self.store
+
+    def _scope_ref_name(self, name: str) -> str:
+        check_ref_name(name, scoped=False)
+        return self._scope(name)
+
+    def _unscope_ref(self, ref: BranchRef) -> BranchRef:
+        def own(key: str | None) -> str | None:
+            return None if key is None else self._unscope(key)
+
+        return dataclasses.replace(
+            ref,
+            name=self._unscope(ref.name),
+            execution_id=self._unscope(ref.execution_id),
+            forked_from=own(ref.forked_from),
+            promoted_from=own(ref.promoted_from),
+        )
+
+    async def _ref_call(self, aw: Awaitable[T]) -> T:
+        try:
+            return await self._call(aw)
+        except BranchError as err:
+            # Refusals name refs and executions by their scoped keys: the tenant's own.
+            message = err.message.replace(f"'{self._prefix}", "'")
+            details = dict(err.details)
+            if isinstance(details.get("ref"), str):
+                details["ref"] = details["ref"].removeprefix(self._prefix)
+            for key in ("expected", "actual"):
+                value = details.get(key)
+                if isinstance(value, list):
+                    details[key] = [
+                        v.removeprefix(self._prefix) if isinstance(v, str) else v for v in value
+                    ]
+            error = type(err)(message, hint=err.hint, **details)
+        raise error
+
+    async def put_ref(
+        self,
+        name: str,
+        execution_id: str,
+        tip: int,
+        *,
+        forked_from: str | None = None,
+        fork_sequence: int | None = None,
+    ) -> BranchRef:
+        """A ref of the tenant's, on one of its executions (see ``BranchRegistry``)."""
+        self._check_open()
+        check_target(execution_id)
+        ref = await self._ref_call(
+            self._registry().put_ref(
+                self._scope_ref_name(name),
+                self._scope(execution_id),
+                tip,
+                forked_from=None if forked_from is None else self._scope(forked_from),
+                fork_sequence=fork_sequence,
+            )
+        )
+        return self._unscope_ref(ref)
+
+    async def get_ref(self, name: str) -> BranchRef | None:
+        """The tenant's ref, or None."""
+        ref = await self._ref_call(self._registry().get_ref(self._scope_ref_name(name)))
+        return None if ref is None else self._unscope_ref(ref)
+
+    async def move_tip(self, name: str, sequence: int, *, expected: int) -> BranchRef:
+        """Compare-and-swap the tenant's ref's tip (see ``BranchRegistry``)."""
+        self._check_open()
+        ref = await self._ref_call(
+            self._registry().move_tip(self._scope_ref_name(name), sequence, expected=expected)
+        )
+        return self._unscope_ref(ref)
+
+    async def promote(
+        self, from_ref: str, to_ref: str, *, by: str, reason: str | None = None
+    ) -> BranchRef:
+        """Fast-forward one of the tenant's refs onto another (see ``BranchRegistry``)."""
+        self._check_open()
+        ref = await self._ref_call(
+            self._registry().promote(
+                self._scope_ref_name(from_ref), self._scope_ref_name(to_ref), by=by, reason=reason
+            )
+        )
+        return self._unscope_ref(ref)
+
+    async def list_refs(self, prefix: str = "") -> list[BranchRef]:
+        """The tenant's refs whose names start with ``prefix``."""
+        refs = await self._ref_call(self._registry().list_refs(self._scope(prefix)))
+        return [self._unscope_ref(r) for r in refs]
+
+    async def children(self, execution_id: str) -> list[ExecutionSummary]:
+        """The tenant's executions forked from ``execution_id``, recursively."""
+        return await lineage(self, execution_id)
 
     def __repr__(self) -> str:
         return f"TenantScopedEventStore({self.store!r}, tenant={self.tenant!r})"

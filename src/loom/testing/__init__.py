@@ -3,6 +3,7 @@ dispatchers, and helpers for testing flows."""
 
 from loom.testing import _index_conformance  # noqa: F401  (registers the index checks)
 from loom.testing._blob_conformance import BLOB_CHECKS, run_blob_store_conformance
+from loom.testing._branch_conformance import BRANCH_CHECKS, run_branch_registry_conformance
 from loom.testing._clock import SkippingClock
 from loom.testing._dispatcher_conformance import (
     DISPATCHER_CHECKS,
@@ -27,6 +28,7 @@ from loom.testing._upgrade import UpgradeIssue, UpgradeReport, upgrade_check
 
 __all__ = [
     "BLOB_CHECKS",
+    "BRANCH_CHECKS",
     "DISPATCHER_CHECKS",
     "LLM_CHECKS",
     "STORE_CHECKS",
@@ -40,6 +42,7 @@ __all__ = [
     "conformance_responder",
     "replay_flow",
     "run_blob_store_conformance",
+    "run_branch_registry_conformance",
     "run_event_store_conformance",
     "run_execution_dispatcher_conformance",
     "run_llm_provider_conformance",
