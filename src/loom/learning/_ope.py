@@ -33,6 +33,10 @@ Estimator = Literal["snips", "ips", "dr"]
 #: A reward model: ``q(context, action) -> expected reward``.
 RewardModel = Callable[[Any, Any], float]
 
+#: Bare decisions Loom's own layers record (the clock, an agent's outcome and approval
+#: bookkeeping): not the flow's choices, so never trajectories.
+_INTERNAL = ("loom.", "agents.")
+
 #: Below this ratio of effective to actual sample size the estimate is flagged.
 LOW_ESS_RATIO = 0.1
 
@@ -70,7 +74,7 @@ def trajectories_from_envelopes(envelopes: Iterable[Envelope]) -> list[Trajector
                 "policy_id": p.get("policy_id"),
                 "policy_version": p.get("policy_version"),
             }
-        elif t == EventType.DECISION_RECORDED and not str(p["name"]).startswith("loom."):
+        elif t == EventType.DECISION_RECORDED and not str(p["name"]).startswith(_INTERNAL):
             decisions.setdefault((env.execution_id, p["name"]), {"action": p["value"]})
         elif t == OUTCOME_EVENT and p.get("decision_id") is not None:
             keyed = scores.setdefault((env.execution_id, p["decision_id"]), {})

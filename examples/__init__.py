@@ -1,0 +1,1 @@
+"""Loom's example suites: each a package runnable as ``python -m examples.<name>``."""

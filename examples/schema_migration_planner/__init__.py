@@ -1,0 +1,1 @@
+"""The schema-migration planner example (see README.md)."""
