@@ -19,7 +19,11 @@ from loom.placement._wire import (
 from loom.runtime import ExecutionHandle, WorkflowRuntime
 from loom.storage import Timer
 
-__all__ = ["TIMER_WAKE", "LocalWorkerRuntime", "timer_package"]
+__all__ = ["IDEMPOTENCY_KEY", "TIMER_WAKE", "LocalWorkerRuntime", "timer_package"]
+
+#: A resume package's metadata key for the decision's idempotency key: a gate that already
+#: took that key never takes the decision again (``WorkflowRuntime.resume(idempotency_key=)``).
+IDEMPOTENCY_KEY = "loom.idempotency_key"
 
 _LIVE = (ExecutionStatus.RUNNING, ExecutionStatus.PENDING)
 
@@ -115,8 +119,13 @@ class LocalWorkerRuntime:
             and gate.event_type == event.event_type
         ):
             try:
+                key = package.metadata.get(IDEMPOTENCY_KEY)
                 handle = await self.runtime.resume(
-                    state.execution_id, event.event_type, event.payload, position=event.position
+                    state.execution_id,
+                    event.event_type,
+                    event.payload,
+                    position=event.position,
+                    idempotency_key=key if isinstance(key, str) and key else None,
                 )
             except NotWaitingError:
                 # Another decision or holder moved first (a duplicate or late dispatch):

@@ -1,0 +1,124 @@
+"""ADR 0004's superseded case through the bus and through execute_graph: the caller gets the
+winner's outcome by id, and the effect count is the seed's (the duplicate dispatch after the
+bootstrap runs the effect twice, fences [1, 2]). Deterministic: the arena drives timing with
+events, no timers."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from loom.model import EventType
+from loom.orchestration import (
+    Graph,
+    GraphDispatchError,
+    InProcessA2ABus,
+    Node,
+    TaskState,
+    card_for,
+    execute_graph,
+)
+from loom.placement import ExecutionPackage, ExecutionResult, LocalDispatcher
+from loom.storage import SQLiteStore
+from tests.arena import Arena, ArenaWorker
+
+
+class Counted:
+    """A dispatcher whose dispatch counts as one of the arena's finished dispatches (the
+    refused one must finish for the winner's effect to return), raising as usual."""
+
+    def __init__(self, arena: Arena, inner: LocalDispatcher) -> None:
+        self.arena, self.inner = arena, inner
+        self.spi_version = inner.spi_version
+
+    async def dispatch(self, package: ExecutionPackage) -> ExecutionResult:
+        try:
+            return await self.inner.dispatch(package)
+        finally:
+            async with self.arena.cond:
+                self.arena.remaining -= 1
+                self.arena.cond.notify_all()
+
+    async def cancel(self, execution_id: str) -> None:
+        await self.inner.cancel(execution_id)
+
+    async def health(self) -> Any:
+        return await self.inner.health()
+
+
+@pytest.fixture
+async def arena(tmp_path: Path) -> AsyncIterator[Arena]:
+    a = Arena(SQLiteStore(tmp_path / "arena.db"), lambda s: s)
+    yield a
+    await a.close()
+
+
+def _pair(arena: Arena) -> tuple[Any, LocalDispatcher, Any]:
+    rt_a, rt_b = arena.runtime(), arena.runtime()
+    disp_a = Counted(arena, LocalDispatcher(ArenaWorker(arena, rt_a), max_attempts=3))
+    disp_b = LocalDispatcher(ArenaWorker(arena, rt_b), max_attempts=3)
+    return disp_a, disp_b, rt_a
+
+
+async def _duplicate_after_bootstrap(arena: Arena, first: Any, eid: str, disp_b: Any) -> Any:
+    caller = asyncio.ensure_future(first)
+    await arena.in_effect.wait()  # A wrote sequence 0 and is inside the effect
+    other = await arena.run(disp_b, ExecutionPackage(execution_id=eid, flow_id="one-effect"))
+    assert other.status.value == "completed"
+    return await caller
+
+
+async def test_bus_awaits_the_winner_by_id(arena: Arena) -> None:
+    disp_a, disp_b, rt_a = _pair(arena)
+    bus = InProcessA2ABus(rt_a, disp_a)
+    bus.register(arena.flow, card_for(arena.flow, name="payer"))
+    task = await _duplicate_after_bootstrap(
+        arena, bus.send("payer", None, task_id="pay-7"), "pay-7", disp_b
+    )
+    assert task.state is TaskState.COMPLETED and task.output == "done"  # the winner's outcome
+    assert arena.effect_fences == [1, 2]  # the seed's count for this race
+    assert disp_a.inner.attempts == 1  # the refusal was not retried
+    log = await rt_a.store.read("pay-7")
+    assert sum(e.type is EventType.EXECUTION_STARTED for e in log) == 1
+
+
+async def test_bus_awaits_a_colliding_task_id(arena: Arena) -> None:
+    arena.remaining = 1
+    disp_a, _, rt_a = _pair(arena)
+    bus = InProcessA2ABus(rt_a, disp_a)
+    bus.register(arena.flow, card_for(arena.flow, name="payer"))
+    first = asyncio.ensure_future(bus.send("payer", None, task_id="pay-8"))
+    await arena.in_effect.wait()
+    second = await bus.send("payer", None, task_id="pay-8")  # the same id while it runs
+    assert second.state is TaskState.COMPLETED and second.output == "done"
+    assert (await first).state is TaskState.COMPLETED
+    assert arena.effects == 1 and len(bus.dispatched) == 1
+
+
+async def test_graph_awaits_the_winner_by_id(arena: Arena) -> None:
+    disp_a, disp_b, rt_a = _pair(arena)
+    graph = Graph([Node("pay", "one-effect")], id="g")
+    run = await _duplicate_after_bootstrap(
+        arena,
+        execute_graph(disp_a, graph, None, store=rt_a.store, run_id="run-1"),
+        "run-1.pay",
+        disp_b,
+    )
+    assert run.status == "completed" and run.output == "done"
+    assert arena.effect_fences == [1, 2]
+    log = await rt_a.store.read("run-1.pay")
+    assert sum(e.type is EventType.EXECUTION_STARTED for e in log) == 1
+
+
+async def test_graph_without_a_store_says_it_cannot_await(arena: Arena) -> None:
+    disp_a, disp_b, _ = _pair(arena)
+    graph = Graph([Node("pay", "one-effect")], id="g")
+    with pytest.raises(GraphDispatchError) as caught:
+        await _duplicate_after_bootstrap(
+            arena, execute_graph(disp_a, graph, None, run_id="run-2"), "run-2.pay", disp_b
+        )
+    assert caught.value.execution_id == "run-2.pay" and "store=" in str(caught.value)
