@@ -12,10 +12,10 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from loom.errors import FlowNotFoundError, NotWaitingError
-from loom.model import ExecutionState, ExecutionStatus
+from loom.model import ExecutionState
 from loom.orchestration._cards import AgentCard, AgentSkill
 from loom.orchestration._errors import TaskNotFoundError, TaskTerminalError, UnknownAgentError
-from loom.orchestration._tasks import Task, TaskState, settled
+from loom.orchestration._tasks import Task, TaskState
 from loom.placement import (
     ExecutionDispatcher,
     ExecutionPackage,
@@ -229,7 +229,7 @@ class InProcessA2ABus:
         return Task.of(eid, result.folded, agent=agent)
 
     async def _await(self, task_id: str, agent: str | None = None) -> Task:
-        state = await settled(self.runtime.store, task_id, load=self.runtime.load_state)
+        state = await self.runtime.wait(task_id, until="settled", missing_ok=True)
         return Task.of(task_id, state, agent=agent)
 
     async def get(self, task_id: str) -> Task:
@@ -243,13 +243,12 @@ class InProcessA2ABus:
         return Task.of(task_id, state)
 
     async def wait(self, task_id: str, *, timeout: float | None = None) -> Task:
-        """Await the task by id until it settles (``input-required``, or ended)."""
+        """Await the task by id until it settles (``input-required``, or ended), whichever
+        process drives it (``runtime.wait``)."""
         run = self._running.get(task_id)
         if run is not None:
             return await asyncio.wait_for(asyncio.shield(run), timeout)
-        state = await settled(
-            self.runtime.store, task_id, timeout=timeout, load=self.runtime.load_state
-        )
+        state = await self.runtime.wait(task_id, timeout=timeout, until="settled")
         return Task.of(task_id, state)
 
     async def cancel(self, task_id: str, reason: str | None = None) -> Task:
@@ -267,22 +266,28 @@ class InProcessA2ABus:
     async def updates(self, task_id: str, *, until_settled: bool = False) -> AsyncIterator[Task]:
         """The task's states as they commit: first the current one, then one per change,
         ending after a terminal state (or, with ``until_settled``, after ``input-required``).
-        Waits on the store's appends, whichever process writes them."""
-        store = self.runtime.store
-        last = -2
-        while True:
+        Follows ``runtime.subscribe``, so changes made by any process show up."""
+
+        def last_one(task: Task) -> bool:
+            return task.is_terminal or (until_settled and task.state is TaskState.INPUT_REQUIRED)
+
+        state = await self.runtime.load_state(task_id)
+        task = Task.of(task_id, state)
+        yield task
+        if last_one(task):
+            return
+        last = task.last_sequence
+        async for envelope in self.runtime.subscribe(task_id, after_sequence=last):
+            if envelope.sequence <= last:
+                continue
             state = await self.runtime.load_state(task_id)
-            seq = -1 if state is None else state.last_sequence
             task = Task.of(task_id, state)
-            if seq != last:
-                last = seq
-                yield task
-                if task.is_terminal or (until_settled and task.state is TaskState.INPUT_REQUIRED):
-                    return
-            if state is not None and state.status is ExecutionStatus.SUSPENDED:
-                await store.wait_for_append(task_id, seq, timeout=1.0)
-            else:
-                await store.wait_for_append(task_id, seq, timeout=0.5)
+            if task.last_sequence <= last:
+                continue
+            last = task.last_sequence
+            yield task
+            if last_one(task):
+                return
 
 
 def _task_id(agent: str, message_id: str | None) -> str:
