@@ -70,6 +70,7 @@ from typing import Any, ClassVar
 __all__ = [
     "AuthenticationError",
     "BranchError",
+    "ChildFailedError",
     "CircuitOpenError",
     "ConcurrentWaitError",
     "ConfigurationError",
@@ -421,6 +422,19 @@ class ExecutionFailedError(LoomError):
 
 class ExecutionCancelledError(LoomError):
     code = "execution_cancelled"
+
+
+class ChildFailedError(LoomError):
+    """A child execution (``ctx.call`` / ``ctx.start_child`` / ``ctx.fan_out``) failed or
+    was cancelled. ``execution_id`` is the parent's; ``child_id`` the child's, ``status``
+    how it ended (``failed`` or ``cancelled``), ``error`` its recorded error (type, message)
+    and ``reason`` a cancellation's reason. The parent may catch it."""
+
+    code = "child_failed"
+    child_id: str | None
+    status: str | None
+    error: dict[str, Any] | None
+    reason: str | None
 
 
 class ExecutionSupersededError(LoomError):

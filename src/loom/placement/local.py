@@ -102,7 +102,7 @@ class LocalWorkerRuntime:
             execution_id=package.execution_id,
             holder=lease.holder,
             flow_version=package.flow_version,
-            metadata={"workflow_id": package.workflow_id} if package.workflow_id else None,
+            metadata=_start_metadata(package),
         )
         return await _settled(handle)
 
@@ -179,6 +179,17 @@ class LocalWorkerRuntime:
 
     async def health(self) -> Health:
         return Health(True, len(self._leases), {"worker": self.name})
+
+
+#: Package metadata a start records in the execution's own start record (a child's parent).
+_RECORDED = ("loom.parent_id", "loom.parent_position")
+
+
+def _start_metadata(package: ExecutionPackage) -> dict[str, Any] | None:
+    metadata = {k: package.metadata[k] for k in _RECORDED if k in package.metadata}
+    if package.workflow_id:
+        metadata["workflow_id"] = package.workflow_id
+    return metadata or None
 
 
 def _require(package: ExecutionPackage, state: ExecutionState | None) -> ExecutionState:

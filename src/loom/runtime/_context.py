@@ -41,7 +41,9 @@ from loom.model import (
     WaitOutcome,
     encode_json,
 )
+from loom.runtime import _children
 from loom.runtime._cancel import cancel_request
+from loom.runtime._children import ChildHandle
 from loom.runtime._driver import Driver
 from loom.runtime._intercept import StepCall
 from loom.runtime._sdk import (
@@ -184,6 +186,8 @@ class WorkflowContext:
         request = cancel_request(driver.state)
         self._cancel_at: int | None = None if request is None else int(request["at_position"])
         self._cancel_reason = None if request is None else request.get("reason")
+        #: Child starts under way (their records are written before any wait or the outcome).
+        self._child_starts: list[asyncio.Task[None]] = []
 
     @property
     def execution_id(self) -> str:
@@ -462,6 +466,7 @@ class WorkflowContext:
                 return self._gate_value(event_type, op.output.get("payload"))
             # Still waiting (a recovered holder): a message may have arrived meanwhile.
             return await self._consume_after_suspend(pos, event_type)
+        await self.settle_child_starts()
         early = await self._next_message(event_type)
         if early is not None:
             # The message beat the flow to its gate: take it now, and record both the wait
@@ -565,6 +570,7 @@ class WorkflowContext:
             if op.status is OpStatus.RESOLVED:
                 return
             raise self._unwind("sleep")
+        await self.settle_child_starts()
         fire_at = fire_at_from(self._driver.clock.now())
         await self._schedule(Timer(self.execution_id, pos, fire_at, "sleep", self._flow.id))
         await self._driver.append(
@@ -576,6 +582,64 @@ class WorkflowContext:
         await self._driver.try_snapshot()
         faults.hit("after_suspend_recorded")
         raise self._unwind("sleep")
+
+    # ------------------------------------------------------------------ children
+
+    def start_child(
+        self,
+        flow: Flow[Any, Any] | str,
+        input: Any = None,
+        *,
+        execution_id: str | None = None,
+    ) -> ChildHandle:
+        """Start ``flow`` as a child execution of this one and return its handle at once;
+        ``await handle`` waits durably for its output.
+
+        The child is its own execution (its own log and holder), with the id
+        ``execution_id`` or, by default, ``"<this id>.<position>"``; it is placed through the
+        runtime's dispatcher when it has one, else started on this runtime. Its start is
+        recorded here, so a replay or a recovery after a crash finds the same child by id and
+        never starts a second one. Start several, then await them one after the other: they
+        run at the same time, and their results come back in the order awaited. A child that
+        fails or is cancelled raises :class:`~loom.errors.ChildFailedError` where it is
+        awaited. Bad input raises :class:`~loom.errors.InvalidInputError` here, before
+        anything is started.
+        """
+        return _children.start_child(self, flow, input, execution_id)
+
+    async def call(
+        self,
+        flow: Flow[Any, T] | str,
+        input: Any = None,
+        *,
+        execution_id: str | None = None,
+    ) -> T:
+        """Run ``flow`` as a child execution and wait durably for its output (the parent is
+        suspended meanwhile, holding no process). See :meth:`start_child`."""
+        result: T = await _children.start_child(self, flow, input, execution_id)
+        return result
+
+    async def fan_out(
+        self,
+        branches: Sequence[tuple[Flow[Any, Any] | str, Any]],
+        *,
+        return_exceptions: bool = False,
+    ) -> list[Any]:
+        """Run each ``(flow, input)`` branch as its own child execution, all at once, and
+        return their outputs in branch order. Never two writers on one log: each branch has
+        its own execution id (``"<this id>.<position>"``). The first failed branch (in
+        order) raises :class:`~loom.errors.ChildFailedError`, unless ``return_exceptions``:
+        then its error takes its place in the list."""
+        return await _children.fan_out(self, branches, return_exceptions)
+
+    async def settle_child_starts(self) -> None:
+        """Wait until every child started so far is recorded (raising the first failure)."""
+        while self._child_starts:
+            pending, self._child_starts = self._child_starts, []
+            results = await asyncio.gather(*pending, return_exceptions=True)
+            for result in results:
+                if isinstance(result, BaseException):
+                    raise result
 
     # ------------------------------------------------------------------ agents
 

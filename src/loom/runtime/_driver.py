@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from loom.errors import (
     ConfigurationError,
@@ -19,6 +19,9 @@ from loom.model import Envelope, EventPayload, ExecutionState, PayloadLimits, UI
 from loom.runtime._clock import Clock
 from loom.runtime._intercept import CallNext
 from loom.storage import AppendsWithBlobs, BlobStore, MailboxStore, Snapshot, Store, Timer
+
+if TYPE_CHECKING:
+    from loom.runtime._runtime import WorkflowRuntime
 
 __all__ = ["Driver", "StopAtBoundary"]
 
@@ -107,6 +110,8 @@ class Driver:
         #: Set by a cancel in this process before it fences the holder out, so the refused
         #: write that follows is reported as the cancellation, not as a supersession.
         self.cancel_requested = False
+        #: The runtime driving this execution (children are started through it).
+        self.runtime: WorkflowRuntime | None = None
         #: Where early messages wait (None: the store keeps no mailbox).
         self.mailbox: MailboxStore | None = store if isinstance(store, MailboxStore) else None
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from types import MappingProxyType, TracebackType
@@ -55,7 +55,7 @@ from loom.model import (
     new_envelope_id,
     replay,
 )
-from loom.runtime import _await, _cancel, _mailbox
+from loom.runtime import _await, _cancel, _children, _mailbox
 from loom.runtime._cancel import (
     CANCEL_GRACE_POSITION,
     DEADLINE_KEY,
@@ -110,6 +110,8 @@ class WorkflowRuntime:
     ``resources`` are shared with steps by name (``loom.resource("llm")`` inside a step).
     With a store that keeps leases, every execution driven here holds a liveness lease renewed
     every ``lease_ttl / 3`` seconds (``loom.lease_expired`` reads them).
+    ``dispatcher`` (an ``ExecutionDispatcher``) places the child executions flows start with
+    ``ctx.call`` / ``ctx.start_child``; without one they start on this runtime.
     """
 
     def __init__(
@@ -123,6 +125,7 @@ class WorkflowRuntime:
         interceptors: Sequence[StepInterceptor] = (),
         resources: Mapping[str, Any] | None = None,
         lease_ttl: float = 30.0,
+        dispatcher: Any = None,
     ) -> None:
         if store is None:
             from loom.storage import SQLiteStore
@@ -155,6 +158,10 @@ class WorkflowRuntime:
         self.heartbeat: Heartbeat | None = (
             Heartbeat(store, self.clock, lease_ttl) if isinstance(store, LeaseStore) else None
         )
+        #: Where child executions are placed (an ``ExecutionDispatcher``); None starts them
+        #: on this runtime, as ``LocalDispatcher(LocalWorkerRuntime(runtime))`` would, without
+        #: holding a task for each child's whole run.
+        self.dispatcher: Any = dispatcher
 
     # ------------------------------------------------------------------ registry
 
@@ -665,7 +672,11 @@ class WorkflowRuntime:
         versions = self._flows.get(state.flow_id, {})
         flow = versions.get(state.flow_version)
         if flow is not None and flow.cancel_grace is not None and cancel_request(state) is None:
-            return await _cancel.request_cancel(self, execution_id, reason, flow, flow.cancel_grace)
+            requested = await _cancel.request_cancel(
+                self, execution_id, reason, flow, flow.cancel_grace
+            )
+            await _children.cancel_children(self, requested, reason)
+            return requested
         return await self._hard_cancel(execution_id, reason)
 
     async def _hard_cancel(self, execution_id: str, reason: str | None) -> ExecutionState:
@@ -694,6 +705,8 @@ class WorkflowRuntime:
             if live is not None and live.task is not None and not live.done.is_set():
                 live.stop_reason = "cancelled"  # its handle reports the cancellation
                 live.task.cancel()
+            await _children.notify_parent(self, driver.state)
+            await _children.cancel_children(self, driver.state, reason)
             return driver.state
         raise StorageError(
             f"could not cancel {execution_id!r}: it kept changing", execution_id=execution_id
@@ -783,7 +796,14 @@ class WorkflowRuntime:
             driver.schedule_timer = self._schedule_timer
         driver.intercept = self._intercept
         driver.resources = self.resources
+        driver.runtime = self
         return driver
+
+    def _spawn(self, work: Coroutine[Any, Any, None], name: str) -> None:
+        """Run ``work`` as a task this runtime owns (``close()`` stops it)."""
+        task = asyncio.create_task(work, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def _schedule_timer(self, timer: Timer) -> None:
         assert self._timer_store is not None
@@ -919,6 +939,7 @@ class WorkflowRuntime:
                     # The output itself cannot be stored (too large, too deep): record that as
                     # the flow's failure, or every recovery would stop at the same place.
                     await driver.append([ExecutionFailed(error_record(exc))])
+                await _children.notify_parent(self, driver.state)
         except StaleFenceError as exc:
             driver.error = await self._fenced_out_error(driver, exc)
         except StopAtBoundary:
@@ -963,6 +984,9 @@ class WorkflowRuntime:
         token = _current_flow.set(ctx)
         try:
             outcome = await self._run_body(ctx, driver, flow)
+            if outcome is not None:
+                # Children started and never awaited are recorded before the outcome.
+                await ctx.settle_child_starts()
         finally:
             _current_flow.reset(token)
         if outcome is not None:
