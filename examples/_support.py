@@ -314,3 +314,69 @@ def set_env(store: str, ledger: str) -> None:
     """Point this process and the workers it spawns at one store and one ledger."""
     os.environ[STORE_ENV] = store
     os.environ[LEDGER_ENV] = ledger
+
+
+# ------------------------------------------------------------------------------ crash acts
+
+
+@dataclass
+class Crash:
+    exit_code: int
+    left: str
+    after: str
+
+
+async def crash_and_continue(
+    placement: Placement,
+    *,
+    app: str,
+    flow_id: str,
+    input: Any,
+    execution_id: str,
+    fault: str,
+    workdir: Path,
+) -> Crash:
+    """Start ``execution_id`` in a worker process armed with ``LOOM_FAULTS=fault`` (it
+    SIGKILLs itself there), then continue it from another process that is given only the
+    store and the id. Local placement: both are ``python -m examples._worker`` processes;
+    HTTP placement: the first is an armed HTTP worker dying mid-request, the second the
+    placement's own workers."""
+    import json
+
+    armed_env = worker_env(LOOM_FAULTS=fault)
+    if placement.kind == "local":
+        dead = await asyncio.to_thread(
+            subprocess.run,
+            [sys.executable, "-m", "examples._worker", "--app", app, "--id", execution_id,
+             "--flow", flow_id, "--input", json.dumps(input)],
+            env=armed_env, cwd=ROOT, capture_output=True, timeout=120,
+        )  # fmt: skip
+        exit_code = dead.returncode
+    else:
+        armed = WorkerProcess(app, workdir, "worker-armed", armed_env)
+        try:
+            url = await armed.ready()
+            async with remote_dispatcher([url]) as dispatcher:
+                try:
+                    await dispatcher.dispatch(
+                        ExecutionPackage(execution_id=execution_id, flow_id=flow_id, input=input)
+                    )
+                except Exception:  # the worker died mid-request: a failed attempt
+                    pass
+            exit_code = await armed.exited()
+        finally:
+            armed.kill()
+    state = await placement.runtime.load_state(execution_id)
+    left = "absent" if state is None else str(state.status)
+    if placement.kind == "local":
+        again = await asyncio.to_thread(
+            subprocess.run,
+            [sys.executable, "-m", "examples._worker", "--app", app, "--id", execution_id],
+            env=worker_env(), cwd=ROOT, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        if again.returncode != 0:
+            raise RuntimeError(f"the continuing worker failed:\n{again.stderr}")
+        after = again.stdout.strip()
+    else:
+        after = str((await placement.proceed(execution_id)).status)
+    return Crash(exit_code, left, after)

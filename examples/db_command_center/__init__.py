@@ -1,0 +1,1 @@
+"""The DB command center example (see README.md)."""
