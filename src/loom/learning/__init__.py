@@ -17,11 +17,15 @@ from loom.learning._ope import (
     trajectories,
     trajectories_from_envelopes,
 )
+from loom.learning._outcomes import OUTCOME_ATTACHED_EVENT, OUTCOME_FLOW, OutcomeAttached
 
 __all__ = [
     "DECISION_EVENT",
+    "OUTCOME_ATTACHED_EVENT",
     "OUTCOME_EVENT",
+    "OUTCOME_FLOW",
     "DecisionError",
+    "OutcomeAttached",
     "OutcomeRecorded",
     "Policy",
     "PolicyDecisionRecorded",

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from loom.learning._decisions import DECISION_EVENT, OUTCOME_EVENT, Policy
+from loom.learning._outcomes import OUTCOME_ATTACHED_EVENT, OUTCOME_FLOW
 from loom.model import Envelope, EventType
 from loom.storage import ExecutionQuery
 
@@ -79,6 +80,11 @@ def trajectories_from_envelopes(envelopes: Iterable[Envelope]) -> list[Trajector
         elif t == OUTCOME_EVENT and p.get("decision_id") is not None:
             keyed = scores.setdefault((env.execution_id, p["decision_id"]), {})
             keyed.setdefault(p["key"], float(p["score"]))
+        elif t == OUTCOME_ATTACHED_EVENT:
+            # Scored after the fact (runtime.record_outcome): its own record names the
+            # execution. Logs come before records, so the flow's own score wins a tie.
+            keyed = scores.setdefault((p["execution_id"], p["decision_id"]), {})
+            keyed.setdefault(p["key"], float(p["score"]))
     out = []
     for (eid, did), d in decisions.items():
         got = scores.get((eid, did))
@@ -93,14 +99,28 @@ async def trajectories(
     """Trajectories of every execution ``query`` lists from ``store`` (all by default),
     optionally only those of one ``decision_id``."""
     query = query or ExecutionQuery(limit=500)
-    out: list[Trajectory] = []
+    logs: list[Envelope] = []
+    listed: set[str] = set()
     while True:
         page = await store.list_executions(query)
         for summary in page.items:
-            out.extend(trajectories_from_envelopes(await store.read(summary.execution_id)))
+            if summary.flow_id != OUTCOME_FLOW:
+                listed.add(summary.execution_id)
+                logs.extend(await store.read(summary.execution_id))
         if page.next_cursor is None:
             break
         query = ExecutionQuery(**{**query.__dict__, "cursor": page.next_cursor})
+    # Outcomes recorded after the fact live in records of their own (see _outcomes).
+    records = ExecutionQuery(flow_id=OUTCOME_FLOW, limit=500)
+    while listed:
+        page = await store.list_executions(records)
+        for summary in page.items:
+            if summary.parent_id in listed:
+                logs.extend(await store.read(summary.execution_id))
+        if page.next_cursor is None:
+            break
+        records = ExecutionQuery(**{**records.__dict__, "cursor": page.next_cursor})
+    out = trajectories_from_envelopes(logs)
     if decision_id is not None:
         out = [t for t in out if t.decision_id == decision_id]
     return out

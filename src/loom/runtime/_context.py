@@ -228,6 +228,13 @@ class WorkflowContext:
             return
         await self._driver.append(list(events))
 
+    @property
+    def simulation(self) -> bool:
+        """True in a branch forked for a simulation (``runtime.simulate``, or
+        ``runtime.fork(..., simulation=True)``): the flow can skip or dry-run effects."""
+        forked = self._driver.state.forked_from
+        return bool(forked and forked.get("simulation"))
+
     def recorded(self, position: int) -> OpRecord | None:
         """What the log (as folded so far) holds at ``position``, if anything."""
         return self._driver.state.ops.get(position)
@@ -346,7 +353,13 @@ class WorkflowContext:
             if driver.fenced_out is not None:
                 raise driver.fenced_out  # never run an effect for a holder that lost its fence
             info = StepInfo(
-                self.execution_id, pos, attempt, step.id, driver.fence, driver.resources
+                self.execution_id,
+                pos,
+                attempt,
+                step.id,
+                driver.fence,
+                driver.resources,
+                self.simulation,
             )
             started_at = driver.clock.now()
             if step.record_start:

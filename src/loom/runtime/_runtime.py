@@ -71,6 +71,7 @@ from loom.runtime._context import (
     replayed_value,
 )
 from loom.runtime._driver import Driver, StopAtBoundary
+from loom.runtime._fork import Branch, refuse_superseded
 from loom.runtime._gates import gate_validator
 from loom.runtime._handle import ExecutionHandle
 from loom.runtime._intercept import StepInterceptor, build_chain
@@ -524,6 +525,7 @@ class WorkflowRuntime:
                 )
             return gate
         # Not waiting for this event: say why as precisely as the log allows.
+        refuse_superseded(state, event_type)
         if any(
             op.kind == OpKind.GATE and op.name == event_type and op.outcome is WaitOutcome.TIMED_OUT
             for op in state.ops.values()
@@ -585,6 +587,71 @@ class WorkflowRuntime:
                 "cycles or deep nesting)",
                 event_type=event_type,
             ) from exc
+
+    # ------------------------------------------------------------------ branching
+
+    async def fork(
+        self,
+        parent_id: str,
+        at_sequence: int | None = None,
+        *,
+        branch: str | None = None,
+        execution_id: str | None = None,
+        simulation: bool = False,
+    ) -> Branch:
+        """Fork ``parent_id`` at ``at_sequence`` (its head when None) into a new execution.
+
+        The branch's log is the parent's events ``0..at_sequence`` followed by its own
+        ``EXECUTION_FORKED`` (and, at a gate, the gate re-opened with a fresh deadline), written
+        atomically, with a snapshot so the branch loads from there. The parent is untouched.
+        ``branch`` also registers a ref of that name (see :class:`loom.storage.BranchRegistry`);
+        ``simulation`` marks the branch so its steps can dry-run effects
+        (``StepInfo.simulation``, ``ctx.simulation``). ``execution_id`` defaults to a new id.
+
+        Raises :class:`ExecutionNotFoundError` (no parent here: another tenant's is not
+        visible), :class:`ForkError` (past the head, inside a step, at the end),
+        :class:`ExecutionAlreadyExistsError` (``execution_id`` taken) and
+        :class:`RefExistsError` (``branch`` names another point); nothing is written then.
+        """
+        from loom.runtime import _fork
+
+        return await _fork.fork(
+            self,
+            parent_id,
+            at_sequence,
+            branch=branch,
+            execution_id=execution_id,
+            simulation=simulation,
+        )
+
+    async def promote(
+        self, from_ref: str, to_ref: str, *, by: str, reason: str | None = None
+    ) -> Any:
+        """Fast-forward ref ``to_ref`` onto branch ref ``from_ref``; return the moved ref.
+
+        When ``to_ref`` points at the parent ``from_ref`` was forked from at a gate, the
+        parent's gate is closed first with a recorded ``branches.gate_superseded`` (the parent
+        ends cancelled, with the reason), so approving the parent later raises
+        :class:`GateSupersededError`. Of two branches forked at one gate, only the first
+        promoted wins: the other gets :class:`PromotionConflictError`, nothing changed.
+        """
+        from loom.runtime import _fork
+
+        return await _fork.promote(self, from_ref, to_ref, by=by, reason=reason)
+
+    async def record_outcome(
+        self, execution_id: str, decision_id: str, score: float, *, key: str = "outcome"
+    ) -> bool:
+        """Score decision ``decision_id`` of ``execution_id`` after the fact (the execution
+        may have ended). Idempotent per (decision, key): returns False, recording nothing,
+        when that pair already has a score (in the flow's log or from an earlier call).
+
+        Raises :class:`ExecutionNotFoundError` and :class:`loom.learning.DecisionError`
+        (no such decision, a score that is not a finite number).
+        """
+        from loom.learning import _outcomes
+
+        return await _outcomes.record_outcome_after(self, execution_id, decision_id, score, key)
 
     # ------------------------------------------------------------------ recover / cancel
 

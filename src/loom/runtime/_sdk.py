@@ -120,6 +120,9 @@ class StepInfo:
     fence: int = 0
     #: What the runtime was given to share with steps (see :func:`loom.resource`).
     resources: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    #: True in a branch forked for a simulation (``runtime.simulate``): a step with an
+    #: external effect can dry-run it (or let ``loom.DryRun`` substitute its result).
+    simulation: bool = False
 
     @property
     def idempotency_key(self) -> str:
