@@ -87,11 +87,7 @@ async def durable_run(db: Path, turns: int, result_bytes: int, sync: str) -> dic
     conn.close()
     event_bytes = sum(len(e.payload_json.encode()) for e in events)
     final = loom.llm.CompletionResponse.from_dict(
-        [
-            e.payload["output"]
-            for e in events
-            if e.type.value == "STEP_COMPLETED" and e.payload["step_id"].startswith("agents.model")
-        ][-1]["response"]
+        [e.payload for e in events if e.type == "agents.model_called"][-1]["response"]
     ).message
     distinct, per_call = sizes(provider.requests, final)
     return {

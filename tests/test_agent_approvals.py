@@ -96,9 +96,9 @@ async def test_quorum_two_refusals_leave_the_log_unchanged(env: TimeSkippingEnvi
     assert (await done.result())["outcome"] == "completed"
     assert TRANSFERS == [("bob", 100)]
     votes = [
-        e.payload["payload"]["by"]
+        e.payload["by"]
         for e in await env.runtime.store.read("q")
-        if e.type.value == "EXECUTION_RESUMED"
+        if e.type == "agents.vote_recorded"
     ]
     assert votes == ["alice", "carol"]
 
@@ -113,9 +113,9 @@ async def test_two_approvers_voting_at_once_with_quorum_two(env: TimeSkippingEnv
     assert result["outcome"] == "completed"
     assert TRANSFERS == [("bob", 100)]  # ran once, after both votes
     voters = sorted(
-        e.payload["payload"]["by"]
+        e.payload["by"]
         for e in await env.runtime.store.read("race")
-        if e.type.value == "EXECUTION_RESUMED"
+        if e.type == "agents.vote_recorded"
     )
     assert voters == ["alice", "bob"]
 

@@ -65,7 +65,6 @@ def _clear() -> None:
 @pytest.fixture(params=["memory", "sqlite", "postgres"])
 async def runtime(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
     if request.param == "postgres":
-        # PostgreSQL keeps blobs without AppendsWithBlobs: the put-then-append path.
         dsn = require_pg()
         from loom.storage.postgres import PostgresStore
 
@@ -245,7 +244,7 @@ async def test_429_retried_after_its_delay_each_attempt_recorded_400_terminal(
     assert result["output"] == "ok"
     assert runtime.clock.now() - before >= 60  # two waits of retry-after: 30 s (skipped time)
     events = await runtime.store.read("r1")
-    failed = [e.payload for e in events if e.type.value == "STEP_FAILED"]
+    failed = [e.payload for e in events if e.type == "STEP_FAILED"]
     assert [(f["attempt"], f["final"], f["error"]["details"]["status"]) for f in failed] == [
         (1, False, 429),
         (2, False, 429),
@@ -254,7 +253,7 @@ async def test_429_retried_after_its_delay_each_attempt_recorded_400_terminal(
     with pytest.raises(ExecutionFailedError):
         await handle.result()
     events = await runtime.store.read("r2")
-    failed = [e.payload for e in events if e.type.value == "STEP_FAILED"]
+    failed = [e.payload for e in events if e.type == "STEP_FAILED"]
     assert len(failed) == 1 and failed[0]["final"] is True
     assert failed[0]["error"]["details"]["status"] == 400
 
@@ -280,8 +279,8 @@ async def test_a_changed_request_on_replay_is_non_determinism_naming_what_change
     await (await rt.start("nd", "go", execution_id="n1")).result()
     await rt.close()
     events = await SQLiteStore(path).read("n1")
-    model_events = [e for e in events if "agents.model" in e.payload_json]
-    assert list(model_events[1].payload["output"]["fp"]) == ["history"]  # the rest carried
+    model_events = [e for e in events if e.type == "agents.model_called"]
+    assert list(model_events[1].payload["fp"]) == ["history"]  # the rest carried
     changed = loom.agent(id="nd", provider=provider, **{**options, **change})
     with pytest.raises(NonDeterminismError) as err:
         await loom.testing.replay_flow(changed, events)

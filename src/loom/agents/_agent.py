@@ -12,6 +12,7 @@ import pydantic
 from loom import faults
 from loom.agents._approval import approval_gate
 from loom.agents._conversation import Conversation, check_fingerprint, fingerprint
+from loom.agents._events import MODEL_STEP_PREFIX, ModelCalled
 from loom.agents._live import LIVE
 from loom.agents._tool import Tool, ToolArgumentsError
 from loom.errors import ConfigurationError, LoomError, PayloadError, StepFailedError
@@ -27,9 +28,8 @@ from loom.llm import (
     Usage,
     canonical_json,
 )
-from loom.runtime import Flow, RetryPolicy, Step, WorkflowContext
+from loom.runtime import CallNext, Flow, RetryPolicy, Step, StepCall, WorkflowContext
 from loom.runtime._sdk import _Codec
-from loom.storage import BlobStore
 
 __all__ = [
     "Agent",
@@ -38,6 +38,7 @@ __all__ = [
     "Budget",
     "Outcome",
     "Price",
+    "UsageAccounting",
     "agent",
 ]
 
@@ -93,9 +94,13 @@ class Budget:
 
     def exhausted(self, turns: int, usage: Usage, cost: float | None) -> str | None:
         """Which limit is reached, or None."""
+        return self.reached(turns, usage.total_tokens, cost)
+
+    def reached(self, turns: int, tokens: int, cost: float | None) -> str | None:
+        """Which limit ``turns`` model calls using ``tokens`` and costing ``cost`` reach."""
         if self.max_turns is not None and turns >= self.max_turns:
             return "turns"
-        if self.max_tokens is not None and usage.total_tokens >= self.max_tokens:
+        if self.max_tokens is not None and tokens >= self.max_tokens:
             return "tokens"
         if self.max_cost is not None and cost is not None and cost >= self.max_cost:
             return "cost"
@@ -136,6 +141,35 @@ class AgentResult:
             str(d.get("text", "")),
             d.get("exhausted"),
         )
+
+
+class UsageAccounting:
+    """The model-call step's own interceptor: annotates each call's record with the tokens
+    it used (input + output) and, when the budget prices the model, its cost.
+
+    The loop's budget reads these annotations back from the log, so token and cost
+    accounting happens once, where the call is recorded; an interceptor of the runtime (it
+    runs outside this one) finds them in ``call.annotations`` after ``call_next`` returns.
+    """
+
+    def __init__(self, model: str, budget: Budget) -> None:
+        self.model = model
+        self.budget = budget
+
+    def annotations(self, record: Mapping[str, Any]) -> dict[str, Any]:
+        """What a model call's record is annotated with (``tokens``, maybe ``cost``)."""
+        usage = Usage.from_dict(record["response"].get("usage") or {})
+        notes: dict[str, Any] = {"tokens": usage.total_tokens}
+        cost = self.budget.cost(self.model, usage)
+        if cost is not None:
+            notes["cost"] = cost
+        return notes
+
+    async def invoke(self, call: StepCall, call_next: CallNext) -> Any:
+        record = await call_next(call)
+        for key, value in self.annotations(record).items():
+            call.annotate(key, value)
+        return record
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,8 +254,13 @@ class Agent(Flow[Any, dict[str, Any]]):
         self.options = dict(options or {})
         self.output_retries = output_retries
         self.stream = stream
+        self.accounting = UsageAccounting(model, self.budget)
         self._model_step: Step[[Any], Any] = Step(
-            _thunk, id=f"agents.model:{id}", retry=_ModelRetry(**_fields(retry))
+            _thunk,
+            id=f"{MODEL_STEP_PREFIX}{id}",
+            retry=_ModelRetry(**_fields(retry)),
+            interceptors=[self.accounting],
+            record_as=ModelCalled.from_completion,
         )
         self._tool_steps: dict[str, Step[[Any], Any]] = {
             t.name: Step(
@@ -255,12 +294,10 @@ class Agent(Flow[Any, dict[str, Any]]):
 
     async def run(self, ctx: WorkflowContext, input: Any) -> AgentResult:
         """Run the tool loop inside ``ctx`` (each model and tool call a recorded step)."""
-        driver = ctx._driver
-        store = driver.store
-        blobs = store if isinstance(store, BlobStore) else None
-        conv = Conversation(blobs, ctx.execution_id, driver.limits)
+        conv = Conversation(ctx.blob_store, ctx.execution_id, ctx.limits)
         conv.add(_input_message(input), "the agent's input")
         usage = Usage()
+        tokens = 0
         cost: float | None = 0.0 if self.model in self.budget.prices else None
         turns = 0
         feedback_left = self.output_retries
@@ -272,20 +309,20 @@ class Agent(Flow[Any, dict[str, Any]]):
             if turns >= self.max_turns:
                 outcome = "max_turns"
                 break
-            exhausted = self.budget.exhausted(turns, usage, cost)
+            exhausted = self.budget.reached(turns, tokens, cost)
             if exhausted is not None:
                 outcome = "budget_exhausted"
                 break
             turns += 1
-            response = await self._model_call(ctx, conv, turns)
+            response, notes = await self._model_call(ctx, conv, turns)
             usage = usage + response.usage
-            step_cost = self.budget.cost(self.model, response.usage)
-            if cost is not None and step_cost is not None:
-                cost += step_cost
+            tokens += int(notes.get("tokens", 0))
+            if cost is not None and notes.get("cost") is not None:
+                cost += float(notes["cost"])
             conv.add_response(response.message)
             calls = response.message.tool_calls
             if calls:
-                exhausted = self.budget.exhausted(turns, usage, cost)
+                exhausted = self.budget.reached(turns, tokens, cost)
                 if exhausted is not None and exhausted != "turns":
                     outcome = "budget_exhausted"
                     break
@@ -326,7 +363,8 @@ class Agent(Flow[Any, dict[str, Any]]):
 
     async def _model_call(
         self, ctx: WorkflowContext, conv: Conversation, turn: int
-    ) -> CompletionResponse:
+    ) -> tuple[CompletionResponse, Mapping[str, Any]]:
+        """Record one model call; return its response and the annotations of its record."""
         fp = fingerprint(self._request_template, conv.chain)
         added = conv.take_added()
         provider = self.provider
@@ -337,7 +375,7 @@ class Agent(Flow[Any, dict[str, Any]]):
         written = {k: v for k, v in fp.items() if conv.last_fp.get(k) != v}
 
         async def call() -> dict[str, Any]:
-            conv.flush_into(ctx._driver.pending_blobs)
+            ctx.stage_blobs(conv.take_pending())
             request = dataclasses.replace(self._request_template, messages=await conv.messages())
             if self.stream and isinstance(provider, StreamingProvider):
                 response = await provider.complete_streaming(
@@ -352,6 +390,7 @@ class Agent(Flow[Any, dict[str, Any]]):
             return record
 
         live = not ctx.is_replaying
+        position = ctx.position
         recorded = await ctx.run(self._model_step, call)
         if live:
             faults.hit("agents.after_model_recorded")
@@ -359,7 +398,11 @@ class Agent(Flow[Any, dict[str, Any]]):
         effective = {**conv.last_fp, **(recorded_fp if isinstance(recorded_fp, dict) else {})}
         check_fingerprint(effective, fp, agent_id=self.id, turn=turn, execution_id=execution_id)
         conv.last_fp = effective
-        return CompletionResponse.from_dict(recorded["response"])
+        op = ctx.recorded(position)
+        notes = op.annotations if op is not None else None
+        if notes is None:  # recorded before model calls were annotated: account for it now
+            notes = self.accounting.annotations(recorded)
+        return CompletionResponse.from_dict(recorded["response"]), notes
 
     async def _tool_call(
         self, ctx: WorkflowContext, conv: Conversation, call: ToolCallPart
@@ -376,7 +419,7 @@ class Agent(Flow[Any, dict[str, Any]]):
                 conv.add(_observation(call, verdict.observation()))
                 return
             args = verdict.args
-        limits = ctx._driver.limits
+        limits = ctx.limits
 
         async def invoke() -> dict[str, Any]:
             kwargs = tool.validate_args(dict(args))
@@ -387,7 +430,7 @@ class Agent(Flow[Any, dict[str, Any]]):
             digest, data = Conversation.encode(message, limits, f"result of tool {tool.name!r}")
             conv.require_blobs()
             # Stored in the same transaction as this step's record (which names it).
-            ctx._driver.pending_blobs[digest] = data
+            ctx.stage_blobs({digest: data})
             return {"message": digest}
 
         try:

@@ -2,7 +2,8 @@
 
 Before a tool with ``requires_approval`` runs, the agent records an approval request (the
 tool, its exact arguments, their canonical hash, who may vote, the quorum and the deadline)
-and suspends on the ``agents.approval`` gate. Each vote is a resume of that gate, validated
+and suspends on the ``agents.approval`` gate. Each vote is a resume of that gate (recorded as
+``EXECUTION_RESUMED`` plus the typed ``agents.vote_recorded`` event in one write), validated
 against the request BEFORE it is appended: a voter not allowed, a vote for other arguments or
 a second vote by the same person is refused with :class:`VoteRefusedError` and nothing is
 recorded; a vote after the deadline is refused with ``GateTimedOutError``. The deadline is the
@@ -19,11 +20,13 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
+from loom.agents._events import VoteRecorded
 from loom.errors import ConfigurationError, GateTimedOutError, NotWaitingError, ResumeError
 from loom.llm import ToolCallPart, canonical_json
 from loom.model import ExecutionState, ExecutionStatus, Gate
 from loom.runtime import (
     ExecutionHandle,
+    GateRecord,
     WorkflowContext,
     WorkflowRuntime,
     register_gate_validator,
@@ -128,7 +131,7 @@ async def approval_gate(
     assert policy is not None
     args: dict[str, Any] = dict(call.args)
     seconds = policy.deadline_seconds
-    clock = ctx._driver.clock
+    clock = ctx.clock
     deadline_at = None
     if seconds is not None:
         deadline_at = await ctx.decide("agents.approval_deadline", lambda: clock.now() + seconds)
@@ -215,8 +218,8 @@ def _refuse(state: ExecutionState, message: str, reason: str, **details: Any) ->
     )
 
 
-def validate_vote(state: ExecutionState, gate: Gate, payload: Any) -> dict[str, Any]:
-    """Check a vote against the open request; return the payload to record."""
+def validate_vote(state: ExecutionState, gate: Gate, payload: Any) -> GateRecord:
+    """Check a vote against the open request; return what to record."""
     if not isinstance(payload, Mapping):
         raise _refuse(state, "a vote is an object", "invalid_vote")
     vote = payload.get("vote")
@@ -247,12 +250,17 @@ def validate_vote(state: ExecutionState, gate: Gate, payload: Any) -> dict[str, 
         )
     if by in voters:
         raise _refuse(state, f"{by!r} already voted on this request", "duplicate_vote", by=by)
-    record: dict[str, Any] = {"vote": vote, "by": by, "args_hash": expected}
-    if reason is not None:
-        record["reason"] = reason
-    if edited is not None:
-        record["args"] = canonical_args(edited, state)
-    return record
+    # Recorded as agents.vote_recorded right after the gate's resume (same write): its
+    # reducer hands the vote to the flow as the gate's value.
+    vote_event = VoteRecorded(
+        gate.position,
+        vote,
+        by,
+        str(expected),
+        reason,
+        None if edited is None else canonical_args(edited, state),
+    )
+    return GateRecord(None, (vote_event,))
 
 
 def canonical_args(args: Mapping[str, Any], state: ExecutionState) -> dict[str, Any]:

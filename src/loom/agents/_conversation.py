@@ -114,13 +114,13 @@ class Conversation:
         added, self.added = self.added, []
         return added
 
-    def flush_into(self, pending_blobs: dict[str, bytes]) -> None:
-        """Hand pending messages to the driver: stored with the next event (which names them)."""
+    def take_pending(self) -> dict[str, bytes]:
+        """The messages to store with the next event (which names them), handed over once."""
         if not self.pending:
-            return
+            return {}
         self.require_blobs()
-        pending_blobs.update(self.pending)
-        self.pending.clear()
+        pending, self.pending = self.pending, {}
+        return pending
 
     def require_blobs(self) -> BlobStore:
         if self.blobs is None:

@@ -2,7 +2,7 @@
 
 from loom.runtime._clock import Clock, SystemClock
 from loom.runtime._context import SuspendExecution, UIState, WorkflowContext
-from loom.runtime._gates import GateValidator, register_gate_validator
+from loom.runtime._gates import GateRecord, GateValidator, register_gate_validator
 from loom.runtime._intercept import CallNext, StepCall, StepInterceptor, resource
 from loom.runtime._runtime import ExecutionHandle, Lease, WorkflowRuntime
 from loom.runtime._sdk import (
@@ -24,6 +24,7 @@ __all__ = [
     "Clock",
     "ExecutionHandle",
     "Flow",
+    "GateRecord",
     "GateValidator",
     "Lease",
     "RecoveryReport",

@@ -6,7 +6,7 @@ import asyncio
 import inspect
 import logging
 import traceback
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, ParamSpec, TypeVar
 
@@ -33,6 +33,7 @@ from loom.model import (
     OpKind,
     OpRecord,
     OpStatus,
+    PayloadLimits,
     StepCompleted,
     StepFailed,
     StepStarted,
@@ -44,6 +45,7 @@ from loom.model import (
 from loom.runtime import _children
 from loom.runtime._cancel import cancel_request
 from loom.runtime._children import ChildHandle
+from loom.runtime._clock import Clock
 from loom.runtime._driver import Driver
 from loom.runtime._intercept import StepCall
 from loom.runtime._sdk import (
@@ -54,7 +56,7 @@ from loom.runtime._sdk import (
     _seconds,
     registered_error,
 )
-from loom.storage import Message, Timer
+from loom.storage import BlobStore, Message, Timer
 
 log = logging.getLogger("loom.steps")
 
@@ -239,6 +241,47 @@ class WorkflowContext:
         """What the log (as folded so far) holds at ``position``, if anything."""
         return self._driver.state.ops.get(position)
 
+    # ------------------------------------------------------------------ layer SPI
+    # What a layer built on flows (loom.agents) needs from the context besides the flow API,
+    # so that it never reaches into the driver. Documented in docs/events.md.
+
+    @property
+    def position(self) -> int:
+        """The position the next durable call will take (``ctx.recorded(pos)`` after it
+        returns gives its record: output, attempts, annotations)."""
+        return self._position
+
+    @property
+    def limits(self) -> PayloadLimits:
+        """The runtime's payload limits (what a record or blob may weigh)."""
+        return self._driver.limits
+
+    @property
+    def clock(self) -> Clock:
+        """The runtime's clock. Reading it is not recorded: use it inside :meth:`decide` (or
+        to compute a timeout), never to branch on directly."""
+        return self._driver.clock
+
+    @property
+    def blob_store(self) -> BlobStore | None:
+        """The execution store's :class:`~loom.storage.BlobStore` (None if it keeps none)."""
+        store = self._driver.store
+        return store if isinstance(store, BlobStore) else None
+
+    def stage_blobs(self, blobs: Mapping[str, bytes]) -> None:
+        """Store ``blobs`` (sha256 hex -> bytes) with this execution's next durable write: in
+        its transaction when the store can (``AppendsWithBlobs``), else just before it. Call
+        it before the write whose event first names them, so no event ever names a blob the
+        store lacks; a write that fails keeps them staged for the next one."""
+        if blobs and self.blob_store is None:
+            raise ConfigurationError(
+                f"execution {self.execution_id!r} stores blobs, but the runtime's store keeps "
+                "none (BlobStore)",
+                execution_id=self.execution_id,
+                hint="Use a store with blob storage: InMemoryStore, SQLiteStore, PostgresStore",
+            )
+        self._driver.pending_blobs.update(blobs)
+
     def _take_position(self, kind: str, name: str) -> tuple[int, OpRecord | None]:
         pos = self._position
         self._position += 1
@@ -368,13 +411,14 @@ class WorkflowContext:
             try:
                 faults.hit("before_effect")
                 work: Awaitable[Any]
-                if driver.intercept is None:
+                chain = driver.intercept or step._chain
+                if chain is None:
                     work = step.invoke(*args, **kwargs)
                     annotations = None
                     call = None
                 else:
                     call = StepCall(info, step, args, kwargs)
-                    work = driver.intercept(call)
+                    work = chain(call)
                 if step.timeout is None:
                     value = await work
                 else:
@@ -390,9 +434,9 @@ class WorkflowContext:
                 _current_step.reset(token)
             faults.hit("after_effect_before_record")
             try:
-                await driver.append(
-                    [StepCompleted(pos, step.id, attempt, output, started_at, annotations)]
-                )
+                completed = StepCompleted(pos, step.id, attempt, output, started_at, annotations)
+                as_event = step.record_as
+                await driver.append([completed if as_event is None else as_event(completed)])
             except PayloadError as exc:
                 # The output is not storable (checked while building the record, before the
                 # store saw anything): a step failure, never a crash of the flow's driver.

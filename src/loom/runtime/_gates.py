@@ -9,16 +9,31 @@ leaving the log unchanged.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from loom.errors import ConfigurationError
-from loom.model import ExecutionState, Gate
+from loom.model import EventPayload, ExecutionState, Gate
 
-__all__ = ["GateValidator", "gate_validator", "register_gate_validator"]
+__all__ = ["GateRecord", "GateValidator", "gate_validator", "register_gate_validator"]
 
-#: ``(state, gate, payload) -> payload to record``; raises a ``ResumeError`` to refuse.
+#: ``(state, gate, payload) -> payload to record`` (or a :class:`GateRecord`); raises a
+#: ``ResumeError`` to refuse.
 GateValidator = Callable[[ExecutionState, Gate, Any], Any]
+
+
+@dataclass(frozen=True, slots=True)
+class GateRecord:
+    """What a gate validator may return instead of a bare payload: the payload the gate's
+    ``EXECUTION_RESUMED`` carries, and the layer's own registered ``events``, appended right
+    after it in the same atomic write. A layer records its decision as its own typed event
+    that way (``agents.vote_recorded``: its reducer puts the vote where the flow reads the
+    gate's value), while the resume itself stays the core event the index and feeds know."""
+
+    payload: Any
+    events: Sequence[EventPayload] = ()
+
 
 _VALIDATORS: dict[str, GateValidator] = {}
 

@@ -5,7 +5,9 @@ An interceptor sees the attempt (:class:`StepCall`), may annotate the record it 
 it calls ``call_next(call)`` to run the rest of the chain (and finally the step), or returns a
 value of its own instead (a simulation's dry run). Tracing is one interceptor
 (``loom.otel.OpenTelemetryInterceptor``). Replayed steps run nothing, so no interceptor sees
-them.
+them. A step may carry its own interceptors (``Step(interceptors=...)``), which run inside the
+runtime's: an agent's model call annotates its record with tokens and cost that way, so an
+outer interceptor sees ``call.annotations`` filled once ``call_next`` returns.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Any, Protocol, TypeVar, overload, runtime_checkable
 from loom.errors import ConfigurationError
 from loom.runtime._sdk import Step, StepInfo, _current_step
 
-__all__ = ["CallNext", "StepCall", "StepInterceptor", "build_chain", "resource"]
+__all__ = ["CallNext", "StepCall", "StepInterceptor", "build_chain", "own_chain", "resource"]
 
 T = TypeVar("T")
 
@@ -61,8 +63,32 @@ class StepInterceptor(Protocol):
     async def invoke(self, call: StepCall, call_next: CallNext) -> Any: ...
 
 
-async def _run_step(call: StepCall) -> Any:
+async def _invoke(call: StepCall) -> Any:
     return await call.step.invoke(*call.args, **call.kwargs)
+
+
+async def _run_step(call: StepCall) -> Any:
+    own = call.step._chain
+    if own is not None:
+        return await own(call)  # the step's own interceptors, inside the runtime's
+    return await call.step.invoke(*call.args, **call.kwargs)
+
+
+def own_chain(interceptors: Sequence[StepInterceptor]) -> CallNext:
+    """A step's own interceptors around its invocation (see ``Step(interceptors=...)``)."""
+    chain: CallNext = _invoke
+    for interceptor in reversed(interceptors):
+        _check(interceptor)
+        chain = _link(interceptor, chain)
+    return chain
+
+
+def _check(interceptor: object) -> None:
+    if not isinstance(interceptor, StepInterceptor):
+        raise ConfigurationError(
+            f"{interceptor!r} is not a step interceptor",
+            hint="An interceptor has `async def invoke(self, call, call_next)`",
+        )
 
 
 def build_chain(interceptors: Sequence[StepInterceptor]) -> CallNext | None:
@@ -70,11 +96,7 @@ def build_chain(interceptors: Sequence[StepInterceptor]) -> CallNext | None:
     runtime without interceptors pays nothing per step)."""
     chain: CallNext | None = None
     for interceptor in reversed(interceptors):
-        if not isinstance(interceptor, StepInterceptor):
-            raise ConfigurationError(
-                f"{interceptor!r} is not a step interceptor",
-                hint="An interceptor has `async def invoke(self, call, call_next)`",
-            )
+        _check(interceptor)
         chain = _link(interceptor, chain or _run_step)
     return chain
 

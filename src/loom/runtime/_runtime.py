@@ -72,7 +72,7 @@ from loom.runtime._context import (
 )
 from loom.runtime._driver import Driver, StopAtBoundary
 from loom.runtime._fork import Branch, refuse_superseded
-from loom.runtime._gates import gate_validator
+from loom.runtime._gates import GateRecord, gate_validator
 from loom.runtime._handle import ExecutionHandle
 from loom.runtime._intercept import StepInterceptor, build_chain
 from loom.runtime._lease import Heartbeat
@@ -463,10 +463,13 @@ class WorkflowRuntime:
             flow = self.get_flow(state.flow_id, state.flow_version)
             normalized = self._validate_resume(flow, state, event_type, payload)
             validator = gate_validator(event_type)
+            extra: Sequence[EventPayload] = ()
             if validator is not None:
                 normalized = validator(state, gate, normalized)
+                if isinstance(normalized, GateRecord):
+                    normalized, extra = normalized.payload, normalized.events
             resumed = ExecutionResumed(gate.position, event_type, normalized, message_id)
-            handle = await self._continue_with(state, snap_seq, holder, resumed, flow)
+            handle = await self._continue_with(state, snap_seq, holder, resumed, flow, extra=extra)
             if handle is not None:
                 return handle
             # another decision or holder moved first: look again
@@ -812,8 +815,10 @@ class WorkflowRuntime:
         flow: Flow[Any, Any],
         *,
         from_fence: int | None = None,
+        extra: Sequence[EventPayload] = (),
     ) -> ExecutionHandle[Any] | None:
-        """Append ``event`` and drive the flow on from ``state``.
+        """Append ``event`` (and ``extra``, in the same write) and drive the flow on from
+        ``state``.
 
         With the caller's ``holder`` lease (a worker's) the event is appended under it, and
         losing it is a superseded refusal. Without one, the runtime takes over
@@ -826,7 +831,7 @@ class WorkflowRuntime:
         if holder is not None:
             driver = self._new_driver(state, holder.fence, last_snapshot=snap_seq)
             try:
-                await driver.append([event])
+                await driver.append([event, *extra])
             except StaleFenceError as exc:
                 if exc.execution_id != eid:
                     raise  # another execution's refusal: a genuine failure for this one
@@ -835,7 +840,7 @@ class WorkflowRuntime:
         current = from_fence if from_fence is not None else await self.store.current_fence(eid)
         driver = self._new_driver(state, current + 1, last_snapshot=snap_seq)
         try:
-            await driver.take_over([event], from_fence=current)
+            await driver.take_over([event, *extra], from_fence=current)
         except (StaleFenceError, DuplicateSequenceError) as exc:
             if exc.execution_id != eid:
                 raise

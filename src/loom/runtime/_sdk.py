@@ -7,7 +7,7 @@ import inspect
 import math
 import random
 import typing
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -23,10 +23,10 @@ from loom.errors import (
     RetryableError,
     TerminalError,
 )
-from loom.model import DEFAULT_LIMITS, PayloadLimits, encode_json
+from loom.model import DEFAULT_LIMITS, EventPayload, PayloadLimits, StepCompleted, encode_json
 
 if TYPE_CHECKING:
-    pass
+    from loom.runtime._intercept import CallNext, StepInterceptor
 
 __all__ = [
     "Flow",
@@ -230,6 +230,8 @@ class Step(Generic[P, R]):
         retry: RetryPolicy = NO_RETRY,
         record_start: bool = False,
         timeout: timedelta | float | None = None,
+        interceptors: Sequence[StepInterceptor] = (),
+        record_as: Callable[[StepCompleted], EventPayload] | None = None,
     ) -> None:
         if not id:
             raise ConfigurationError("a step needs a non-empty id")
@@ -238,6 +240,18 @@ class Step(Generic[P, R]):
         self.retry = retry
         self.record_start = record_start
         self.timeout = None if timeout is None else _seconds(timeout)
+        #: This step's own interceptors (``StepInterceptor``), inside the runtime's: a layer
+        #: uses them to annotate its steps' records (an agent's model call: tokens, cost).
+        self.interceptors: tuple[StepInterceptor, ...] = tuple(interceptors)
+        self._chain: CallNext | None = None
+        if self.interceptors:
+            from loom.runtime._intercept import own_chain
+
+            self._chain = own_chain(self.interceptors)
+        #: For a layer's steps: turns the attempt's ``StepCompleted`` into the layer's own
+        #: registered event (whose reducer records the same ``OpRecord``), e.g.
+        #: ``agents.model_called``. None: the completion is recorded as ``STEP_COMPLETED``.
+        self.record_as = record_as
         if self.timeout is not None and self.timeout <= 0:
             raise ConfigurationError(f"step {id!r}: timeout must be positive")
         self.is_async = inspect.iscoroutinefunction(fn)

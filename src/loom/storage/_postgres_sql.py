@@ -152,7 +152,7 @@ MIGRATIONS: dict[int, tuple[Step, ...]] = {
 _APPEND = """
 WITH moved AS (
     {moved}
-), ins AS (
+){blobs}, ins AS (
     INSERT INTO {{s}}.events
         (execution_id, sequence, envelope_id, type, payload, recorded_at, fence, checksum)
     {rows}
@@ -164,6 +164,16 @@ FROM (SELECT 1) AS one LEFT JOIN {{s}}.heads AS h ON h.execution_id = %(eid)s
 
 _NOTIFY = "(SELECT count(pg_notify(%(channel)s, %(note)s)) FROM moved)"
 _NOTIFY_FEED = "(SELECT count(pg_notify(%(channel)s, %(feed)s)) FROM idx)"
+
+# The blobs an append names first (an agent's messages), in the same statement, so the same
+# transaction, as the events: never an event naming a blob the store lacks, and no commit of
+# their own. Written only if the head moved (a refused append leaves nothing).
+_BLOBS = """, blob AS (
+    INSERT INTO {s}.blobs (namespace, hash, data)
+    SELECT %(b_ns)s, r.h, r.d
+    FROM moved, unnest(%(b_hashes)s::text[], %(b_data)s::bytea[]) AS r(h, d)
+    ON CONFLICT (namespace, hash) DO NOTHING
+)"""
 
 # The index row of a write that changes an execution's summary, in the same statement (so the
 # same transaction) as its events; written only if the head moved.
@@ -316,8 +326,8 @@ IndexWrite = Literal["", "start", "change", "mark"]
 class Statements:
     """Every statement of one store, with its schema name filled in."""
 
-    #: The one statement of each event write, by (kind, one envelope?, index row).
-    event_writes: Mapping[tuple[EventWriteKind, bool, IndexWrite], str]
+    #: The one statement of each event write, by (kind, one envelope?, index row, blobs?).
+    event_writes: Mapping[tuple[EventWriteKind, bool, IndexWrite, bool], str]
     fence: str
     snapshot: str
     blob_put: str
@@ -348,9 +358,12 @@ class Statements:
     mailbox_pending: str
     mailbox_consume: str
 
-    def events(self, kind: EventWriteKind, *, one: bool, index: IndexWrite = "") -> str:
-        """The one statement that writes an append, a take-over or a creation."""
-        return self.event_writes[(kind, one, index)]
+    def events(
+        self, kind: EventWriteKind, *, one: bool, index: IndexWrite = "", blobs: bool = False
+    ) -> str:
+        """The one statement that writes an append, a take-over or a creation (and, with
+        ``blobs``, the blobs its events name first)."""
+        return self.event_writes[(kind, one, index, blobs)]
 
 
 def statements(schema: str, *, notify: bool) -> Statements:
@@ -358,13 +371,15 @@ def statements(schema: str, *, notify: bool) -> Statements:
     s = f'"{schema}"'
     note = _NOTIFY if notify else "0"
 
-    def write(moved: str, rows: str, index: str = "") -> str:
+    def write(moved: str, rows: str, index: str = "", blobs: bool = False) -> str:
         notes = note
         if index:
             index = _INDEX.format(columns=SUMMARY_COLUMNS, update=index)
             if notify:
                 notes = f"{note} + {_NOTIFY_FEED}"
-        return _APPEND.format(moved=moved, rows=rows, notify=notes, index=index).format(s=s)
+        return _APPEND.format(
+            moved=moved, rows=rows, notify=notes, index=index, blobs=_BLOBS if blobs else ""
+        ).format(s=s)
 
     moves: tuple[tuple[EventWriteKind, str], ...] = (
         ("append", _MOVE_APPEND),
@@ -378,10 +393,11 @@ def statements(schema: str, *, notify: bool) -> Statements:
         ("mark", _INDEX_MARK_SET),
     )
     writes = {
-        (kind, one, index): write(moved, _ONE_ROW if one else _MANY_ROWS, update)
+        (kind, one, index, blobs): write(moved, _ONE_ROW if one else _MANY_ROWS, update, blobs)
         for kind, moved in moves
         for one in (True, False)
         for index, update in indexes
+        for blobs in (False, True)
     }
     return Statements(
         event_writes=MappingProxyType(writes),

@@ -334,8 +334,24 @@ class PostgresStore(PostgresBranches):
         _, first = check_take_over(envelopes, from_fence)
         await self._write_events("take_over", envelopes, first, from_fence)
 
+    async def append_with_blobs(
+        self, envelopes: Sequence[Envelope], blobs: Mapping[str, bytes], *, namespace: str = ""
+    ) -> None:
+        """See :class:`loom.storage.AppendsWithBlobs`: the blobs go in the append's own
+        statement (one transaction, no commit of their own); a refused append stores none."""
+        check_blobs(blobs)
+        _storable(namespace, "blob namespace")
+        _, first, fence = batch_head(envelopes)
+        await self._write_events("append", envelopes, first, fence, blobs, namespace)
+
     async def _write_events(
-        self, kind: WriteKind, envelopes: Sequence[Envelope], first: int, fence: int
+        self,
+        kind: WriteKind,
+        envelopes: Sequence[Envelope],
+        first: int,
+        fence: int,
+        blobs: Mapping[str, bytes] | None = None,
+        namespace: str = "",
     ) -> None:
         """Queue one event write (``fence``: see :attr:`PostgresWrite.fence`) and await it."""
         self._writable()
@@ -384,7 +400,7 @@ class PostgresStore(PostgresBranches):
                 id=e.envelope_id, type=str(e.type), payload=e.payload_json, at=e.recorded_at
             )
             params["sum"] = sums[0]
-            sql = self._sql.events(statement, one=True, index=index)
+            sql = self._sql.events(statement, one=True, index=index, blobs=bool(blobs))
         else:
             params.update(
                 seqs=[e.sequence for e in envelopes],
@@ -394,7 +410,10 @@ class PostgresStore(PostgresBranches):
                 ats=[e.recorded_at for e in envelopes],
                 sums=sums,
             )
-            sql = self._sql.events(statement, one=False, index=index)
+            sql = self._sql.events(statement, one=False, index=index, blobs=bool(blobs))
+        if blobs:
+            keys = list(blobs)
+            params.update(b_ns=namespace, b_hashes=keys, b_data=[bytes(blobs[k]) for k in keys])
         req = PostgresWrite(
             kind=kind,
             execution_id=execution_id,
