@@ -4,6 +4,7 @@ plans a planner returns; every run placed through an ExecutionDispatcher (ADR 00
 The A2A protocol edge (``loom.orchestration.a2a``) needs the ``a2a`` extra.
 """
 
+from loom.orchestration import _in_flow  # noqa: F401 - installs ctx.execute_graph
 from loom.orchestration._bus import InProcessA2ABus, card_for
 from loom.orchestration._cards import AgentCard, AgentSkill
 from loom.orchestration._errors import (

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Generator, Sequence
+from collections.abc import Awaitable, Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -155,6 +155,7 @@ class ChildHandle:
         self._flow = flow
         self._start = start
         self._input = input
+        self._raw = False
         self._result: Any = None
         self._error: BaseException | None = None
         self._done = False
@@ -198,8 +199,11 @@ def start_child(
     flow: Flow[Any, Any] | str,
     input: Any,
     execution_id: str | None,
+    *,
+    raw: bool = False,
 ) -> ChildHandle:
-    """See :meth:`WorkflowContext.start_child`."""
+    """See :meth:`WorkflowContext.start_child`. With ``raw`` the handle returns the child's
+    output as recorded (JSON) instead of loading it through the flow's output type."""
     ctx._enter()
     driver = ctx._driver
     rt = driver.runtime
@@ -214,7 +218,9 @@ def start_child(
     if op is not None:
         # Started before (this is a replay): the log names the child; nothing is started.
         recorded = op.output if isinstance(op.output, dict) else {}
-        return ChildHandle(ctx, str(recorded.get("child_id")), pos, resolved, None, input)
+        handle = ChildHandle(ctx, str(recorded.get("child_id")), pos, resolved, None, input)
+        handle._raw = raw
+        return handle
     child_id = execution_id if execution_id is not None else f"{parent_id}.{pos}"
     problem = execution_id_problem(child_id)
     if problem is not None:
@@ -234,7 +240,9 @@ def start_child(
         _start(ctx, rt, resolved, encoded, child_id, pos), name=f"loom:start-child:{child_id}"
     )
     ctx._child_starts.append(task)
-    return ChildHandle(ctx, child_id, pos, resolved, task)
+    handle = ChildHandle(ctx, child_id, pos, resolved, task, input)
+    handle._raw = raw
+    return handle
 
 
 async def _start(
@@ -354,7 +362,7 @@ def _outcome(ctx: WorkflowContext, handle: ChildHandle, payload: Any) -> Any:
     if status == ExecutionStatus.COMPLETED.value:
         flow = handle._flow
         output = record.get("output")
-        return output if flow is None else flow.output.load(output)
+        return output if flow is None or handle._raw else flow.output.load(output)
     error = record.get("error") if isinstance(record.get("error"), dict) else None
     if status == ExecutionStatus.CANCELLED.value:
         what = f"was cancelled ({record.get('reason')})"
@@ -421,6 +429,29 @@ async def cancel_children(rt: WorkflowRuntime, state: ExecutionState, reason: st
                 await rt.cancel(child_id, reason=why)
         except Exception as exc:
             log.warning("cancelling child %s of %s failed: %r", child_id, state.execution_id, exc)
+
+
+#: Runs a graph inside a flow on child executions (set by ``loom.orchestration``, the layer
+#: that defines graphs): ``runner(ctx, graph, input) -> GraphRun``.
+_graph_runner: Callable[[WorkflowContext, Any, Any], Awaitable[Any]] | None = None
+
+
+def register_graph_runner(runner: Callable[[WorkflowContext, Any, Any], Awaitable[Any]]) -> None:
+    """Install what ``ctx.execute_graph`` runs (the orchestration layer does, on import)."""
+    global _graph_runner
+    _graph_runner = runner
+
+
+async def execute_graph(ctx: WorkflowContext, graph: Any, input: Any) -> Any:
+    """See :meth:`WorkflowContext.execute_graph`."""
+    if _graph_runner is None:
+        raise ConfigurationError(
+            f"execution {ctx.execution_id!r} asked to run a graph, but loom.orchestration "
+            "is not loaded",
+            execution_id=ctx.execution_id,
+            hint="Build the graph with loom.orchestration.Graph",
+        )
+    return await _graph_runner(ctx, graph, input)
 
 
 async def fan_out(

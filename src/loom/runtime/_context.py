@@ -689,6 +689,16 @@ class WorkflowContext:
         then its error takes its place in the list."""
         return await _children.fan_out(self, branches, return_exceptions)
 
+    async def execute_graph(self, graph: Any, input: Any = None) -> Any:
+        """Run a :class:`loom.orchestration.Graph` durably inside this flow: each node is a
+        child execution (id ``"<this id>.<position>.<node>"``), started as soon as its
+        dependencies completed and awaited in declared order, so a replay or a recovery
+        continues the graph and never runs a finished node again. A node that waits at a
+        gate keeps this flow waiting durably (resume the node by its id). Returns a
+        :class:`loom.orchestration.GraphRun` (``completed``, ``failed``, ``rejected`` or
+        ``cancelled``; nothing downstream of a failed node starts)."""
+        return await _children.execute_graph(self, graph, input)
+
     async def settle_child_starts(self) -> None:
         """Wait until every child started so far is recorded (raising the first failure)."""
         while self._child_starts:
