@@ -1,0 +1,1 @@
+"""The incident war room example (see README.md)."""
