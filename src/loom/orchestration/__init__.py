@@ -26,6 +26,7 @@ from loom.orchestration._graph import (
     node_execution_id,
 )
 from loom.orchestration._plan import AgentRegistry, Plan, PlanStep, dispatch_plan, record_plan
+from loom.orchestration._simulate import SimulatedBranch, Simulation, simulate
 from loom.orchestration._tasks import Task, TaskState, settled
 
 __all__ = [
@@ -42,6 +43,8 @@ __all__ = [
     "Plan",
     "PlanStep",
     "PlanValidationError",
+    "SimulatedBranch",
+    "Simulation",
     "Task",
     "TaskNotFoundError",
     "TaskRejectedError",
@@ -55,4 +58,5 @@ __all__ = [
     "node_execution_id",
     "record_plan",
     "settled",
+    "simulate",
 ]

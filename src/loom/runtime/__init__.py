@@ -2,6 +2,8 @@
 
 from loom.runtime._clock import Clock, SystemClock
 from loom.runtime._context import SuspendExecution, UIState, WorkflowContext
+from loom.runtime._dryrun import DryRun
+from loom.runtime._fork import Branch
 from loom.runtime._gates import GateRecord, GateValidator, register_gate_validator
 from loom.runtime._intercept import CallNext, StepCall, StepInterceptor, resource
 from loom.runtime._runtime import ExecutionHandle, Lease, WorkflowRuntime
@@ -20,8 +22,10 @@ from loom.runtime.recovery import RecoveryReport, lease_expired, recover_abandon
 from loom.runtime.timers import TimerService, WakeOutcome
 
 __all__ = [
+    "Branch",
     "CallNext",
     "Clock",
+    "DryRun",
     "ExecutionHandle",
     "Flow",
     "GateRecord",
