@@ -38,6 +38,8 @@ def _flow(planner: Any) -> Any:
     async def migration(ctx: loom.WorkflowContext, table: str) -> dict[str, Any]:
         plan = await ctx.agent(planner, f"plan a migration of {table}")
         choice = await ctx.suspend("Strategy", timeout=timedelta(hours=4))
+        if choice.get("replan"):
+            plan = await ctx.agent(planner, "plan it again")
         done = await ctx.run(migrate, str(choice["strategy"]))
         return {"plan": plan.output, **done, "simulated": ctx.simulation}
 
@@ -48,7 +50,7 @@ async def test_three_strategies_simulated_zero_model_calls_parent_head_unchanged
     tmp_path: Path,
 ) -> None:
     CHARGES.clear()
-    provider = ScriptedProvider(["copy in batches"])
+    provider = ScriptedProvider(["copy in batches", "copy in one go"])
     flow = _flow(_planner(provider))
     dry = DryRun({"migrate": lambda call: {"strategy": call.args[0], "rows": 0, "dry": True}})
     rt = loom.WorkflowRuntime(SQLiteStore(tmp_path / "sim.db"), interceptors=[dry])
@@ -81,6 +83,18 @@ async def test_three_strategies_simulated_zero_model_calls_parent_head_unchanged
     state = await rt.load_state("mig-1")
     assert state is not None and state.status is ExecutionStatus.SUSPENDED
     assert state.last_sequence == parent.last_sequence
+
+    # A variant that asks the model again is counted: the count is of what ran.
+    again = await simulate(
+        rt,
+        "mig-1",
+        "Strategy",
+        {"x": {"strategy": "x", "replan": True}},
+        prefix="re/",
+        dispatcher=dispatcher,
+    )
+    assert again.summary == "1 strategies simulated, 1 model calls, parent head unchanged"
+    assert provider.calls == 2 and again.branches[0].output["plan"] == "copy in one go"
 
     moved = await rt.promote("sim/shadow", "main", by="dba", reason="least risk")
     assert moved.execution_id == sim.branches[2].execution_id

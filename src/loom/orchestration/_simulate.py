@@ -32,6 +32,8 @@ if TYPE_CHECKING:
 
 __all__ = ["SimulatedBranch", "Simulation", "simulate"]
 
+#: A model call's record (and, in logs written before it existed, its step's id prefix).
+_MODEL_CALLED = "agents.model_called"
 _MODEL_STEP = "agents.model:"
 
 
@@ -163,6 +165,7 @@ async def simulate(
         result = await disp.dispatch(package)
         tail = await runtime.store.read(b.execution_id, from_sequence=b.state.last_sequence + 1)
         steps = [e for e in tail if e.type == EventType.STEP_COMPLETED]
+        calls = [e for e in tail if e.type == _MODEL_CALLED]
         if b.ref is not None and result.last_sequence > b.ref.tip:
             await registry.move_tip(b.ref.name, result.last_sequence, expected=b.ref.tip)
         return SimulatedBranch(
@@ -172,8 +175,9 @@ async def simulate(
             result.status,
             result.output,
             result.error,
-            len(steps),
-            sum(1 for e in steps if str(e.payload.get("step_id", "")).startswith(_MODEL_STEP)),
+            len(steps) + len(calls),
+            len(calls)
+            + sum(1 for e in steps if str(e.payload.get("step_id", "")).startswith(_MODEL_STEP)),
             sum(1 for e in steps if (e.payload.get("annotations") or {}).get(SIMULATED)),
             result.last_sequence,
         )
