@@ -17,7 +17,7 @@ from pathlib import Path
 
 from examples._support import Placement, http_placement, local_placement, set_env
 
-ACTS = ["gate", "crash", "propensity"]
+ACTS = ["gate", "crash", "branches", "propensity"]
 
 
 def placement_for(kind: str, workdir: Path) -> AbstractAsyncContextManager[Placement]:
@@ -38,6 +38,8 @@ async def main(acts: list[str], kind: str, workdir: Path) -> None:
                 await story.act_gate(placement)
             elif act == "crash":
                 await story.act_crash(placement, workdir)
+            elif act == "branches":
+                await story.act_branches(placement)
             elif act == "propensity":
                 await story.act_propensity(placement)
 

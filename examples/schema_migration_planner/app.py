@@ -22,6 +22,7 @@ import pydantic
 import loom
 from examples._support import Ledger, open_store, provider
 from loom.llm import CompletionRequest, reply
+from loom.runtime import DryRun, StepCall
 
 FLOW_ID = "schema-migration-planner"
 GATE = "DbaDecision"
@@ -278,8 +279,16 @@ async def plan_migration(ctx: loom.WorkflowContext, job: MigrationJob) -> dict[s
 FLOWS = [plan_migration]
 
 
+def _dry_apply(call: StepCall) -> Outcome:
+    """In a simulated branch the change is not applied: its outcome is computed instead."""
+    request: ApplyRequest = call.args[0]
+    Ledger().record("apply:dry-run")
+    return simulate(request.change, request.strategy)
+
+
 def make_runtime() -> loom.WorkflowRuntime:
-    """The runtime a worker process serves (store from ``LOOM_EXAMPLE_STORE``)."""
-    runtime = loom.WorkflowRuntime(open_store())
+    """The runtime a worker process serves (store from ``LOOM_EXAMPLE_STORE``); in branches
+    forked for a simulation the ``apply`` step is a dry run."""
+    runtime = loom.WorkflowRuntime(open_store(), interceptors=[DryRun({"apply": _dry_apply})])
     runtime.register(*FLOWS)
     return runtime

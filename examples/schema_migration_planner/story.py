@@ -135,6 +135,59 @@ async def act_crash(placement: Placement, workdir: Path, say: Print = print) -> 
     return {"exit_code": exit_code, "status": str(done.status), "counts": dict(counts)}
 
 
+# ------------------------------------------------------------------------------ act: branches
+
+
+async def act_branches(placement: Placement, say: Print = print) -> dict[str, Any]:
+    """The 48M-row index waits at the DBA's gate. Fork it there once per strategy, resume the
+    three branches in parallel through the dispatcher as simulations (``apply`` is a dry run;
+    the risk assessment is served from the log: 0 model calls; the parent is only read), pick
+    the strategy with the best simulated reward and promote its branch: the parent's gate is
+    closed, so approving the parent now is refused."""
+    from loom.errors import GateSupersededError
+    from loom.orchestration import simulate
+
+    say(f"== act: fork / simulate / promote ({placement.kind} placement)")
+    eid = "branch-add-index"
+    parked = await placement.start(FLOW_ID, _job("add-index"), eid)
+    say(f"  {eid}: {parked.status} at sequence {parked.last_sequence} (risk medium)")
+    runtime = placement.runtime
+    await runtime.store.put_ref("main", eid, parked.last_sequence)  # type: ignore[attr-defined]
+    variants = {s: {"approved": True, "by": "simulator", "strategy": s} for s in STRATEGIES}
+    sim = await simulate(runtime, eid, GATE, variants, dispatcher=placement.dispatcher)
+    for b in sim.branches:
+        out = b.output or {}
+        say(
+            f"  {b.ref:<16} {b.status:<10} reward {out.get('reward', 0):.4f} "
+            f"(effects {b.effects}, model calls {b.model_calls}, dry runs {b.dry_runs})"
+        )
+    say(f"  {sim.summary}")
+    winner = max(sim.branches, key=lambda b: (b.output or {}).get("reward", -1.0))
+    moved = await runtime.promote(winner.ref, "main", by="dba-maria", reason="best simulated")
+    say(f"  promoted {winner.ref} -> main (now {moved.execution_id})")
+    refused = ""
+    try:
+        await runtime.resume(eid, GATE, {"approved": True, "by": "dba-maria"})
+    except GateSupersededError as exc:
+        refused = type(exc).__name__
+    say(f"  approving the parent now: {refused or 'accepted?!'}")
+    counts = Ledger().counts(eid)
+    for b in sim.branches:
+        counts.update(Ledger().counts(b.execution_id))
+    for line in executed_lines(counts, [*ORDER, "apply:dry-run"]):
+        say(line)
+    return {
+        "summary": sim.summary,
+        "parent_unchanged": sim.parent_unchanged,
+        "rewards": {b.variant: (b.output or {}).get("reward") for b in sim.branches},
+        "winner": winner.variant,
+        "promoted": moved.execution_id,
+        "winner_id": winner.execution_id,
+        "refused": refused,
+        "counts": dict(counts),
+    }
+
+
 # ------------------------------------------------------------------------------ act 3: propensity
 
 

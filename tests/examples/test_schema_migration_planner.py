@@ -142,3 +142,19 @@ def test_propensity_act_prints_the_catalogs_analytic_values(tmp_path: Path) -> N
     assert float(blind.group(1)) == pytest.approx(want["agreement"], abs=5e-5)
     assert blind.group(2).startswith("n/a (agreement only)")
     assert "EXECUTED model:risk x96, apply x96" in out  # one model call per migration
+
+
+async def test_fork_simulate_promote(placement: Placement) -> None:
+    facts = await story.act_branches(placement, lambda _: None)
+    assert facts["summary"] == "3 strategies simulated, 0 model calls, parent head unchanged"
+    assert facts["parent_unchanged"]
+    index = CATALOG["add-index"]
+    assert facts["rewards"] == {s: simulate(index, s).reward for s in STRATEGIES}
+    best = max(STRATEGIES, key=lambda s: simulate(index, s).reward)
+    assert facts["winner"] == best == "online-ddl"
+    assert facts["promoted"] == facts["winner_id"]
+    assert facts["refused"] == "GateSupersededError"  # the parent's gate is closed
+    # The model was paid once, before the fork; nothing was applied for real.
+    assert facts["counts"] == {"inspect": 1, "model:risk": 1, "apply:dry-run": 3}
+    parent = await placement.runtime.load_state("branch-add-index")
+    assert parent is not None and parent.status.value == "cancelled"
