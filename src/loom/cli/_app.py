@@ -216,13 +216,14 @@ def _runtime(db: str, flows: list[Flow[Any, Any]] | None = None) -> WorkflowRunt
 
 
 def _register_groups() -> None:
-    from loom.cli import _agents, _exec, _serve
+    from loom.cli import _agents, _branches, _exec, _serve
     from loom.cli._worker import worker_app
 
     _exec.register(app)
     _serve.register(app)
     app.add_typer(worker_app, name="worker")
     _agents.register(app)  # loom approve / loom reject
+    _branches.register(app)  # loom fork / branches / promote / learn report
 
 
 _register_groups()

@@ -78,7 +78,7 @@ from loom.runtime._intercept import StepInterceptor, build_chain
 from loom.runtime._lease import Heartbeat
 from loom.runtime._sdk import _NOT_JSON, Flow, _current_flow, json_dump
 from loom.runtime.timers import TimerService, WakeOutcome
-from loom.storage import ExecutionQuery, LeaseStore, Message, Store, Timer, TimerStore
+from loom.storage import BranchRef, ExecutionQuery, LeaseStore, Message, Store, Timer, TimerStore
 from loom.storage._common import validate_snapshot
 
 __all__ = ["ExecutionHandle", "Lease", "WorkflowRuntime"]  # ExecutionHandle is re-exported here
@@ -629,7 +629,7 @@ class WorkflowRuntime:
 
     async def promote(
         self, from_ref: str, to_ref: str, *, by: str, reason: str | None = None
-    ) -> Any:
+    ) -> BranchRef:
         """Fast-forward ref ``to_ref`` onto branch ref ``from_ref``; return the moved ref.
 
         When ``to_ref`` points at the parent ``from_ref`` was forked from at a gate, the
