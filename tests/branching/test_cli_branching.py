@@ -11,7 +11,8 @@ import pytest
 import loom
 from loom.errors import GateSupersededError
 from loom.storage import SQLiteStore
-from tests._cli import as_json, json_error, loom as loom_cmd, ok, one_line_error
+from tests._cli import as_json, json_error, ok, one_line_error
+from tests._cli import loom as loom_cmd
 from tests.branching.flows import guarded
 
 
