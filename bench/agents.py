@@ -86,9 +86,13 @@ async def durable_run(db: Path, turns: int, result_bytes: int, sync: str) -> dic
     blob_bytes = conn.execute("SELECT COALESCE(SUM(LENGTH(data)), 0) FROM loom_blobs").fetchone()[0]
     conn.close()
     event_bytes = sum(len(e.payload_json.encode()) for e in events)
-    final = loom.llm.CompletionResponse.from_dict(
-        [e.payload for e in events if e.type == "agents.model_called"][-1]["response"]
-    ).message
+    calls = [
+        e.payload if e.type == "agents.model_called" else e.payload["output"]
+        for e in events
+        if e.type == "agents.model_called"
+        or (e.type == "STEP_COMPLETED" and e.payload["step_id"].startswith("agents.model"))
+    ]  # (the second shape: logs of Loom before agents.model_called, for A/B runs)
+    final = loom.llm.CompletionResponse.from_dict(calls[-1]["response"]).message
     distinct, per_call = sizes(provider.requests, final)
     return {
         "elapsed": elapsed,

@@ -11,7 +11,7 @@ import pydantic
 
 from loom import faults
 from loom.agents._approval import approval_gate
-from loom.agents._conversation import Conversation, check_fingerprint, fingerprint
+from loom.agents._conversation import Conversation, check_fingerprint, static_fingerprint
 from loom.agents._events import MODEL_STEP_PREFIX, ModelCalled
 from loom.agents._live import LIVE
 from loom.agents._tool import Tool, ToolArgumentsError
@@ -286,6 +286,7 @@ class Agent(Flow[Any, dict[str, Any]]):
             response_schema=schema,
             options=self.options,
         )
+        self._static_fp = static_fingerprint(self._request_template)
 
     def __repr__(self) -> str:
         return f"<loom.Agent {self.id!r} v{self.version}>"
@@ -365,7 +366,7 @@ class Agent(Flow[Any, dict[str, Any]]):
         self, ctx: WorkflowContext, conv: Conversation, turn: int
     ) -> tuple[CompletionResponse, Mapping[str, Any]]:
         """Record one model call; return its response and the annotations of its record."""
-        fp = fingerprint(self._request_template, conv.chain)
+        fp = {**self._static_fp, "history": conv.chain}
         added = conv.take_added()
         provider = self.provider
         execution_id = ctx.execution_id
@@ -420,6 +421,7 @@ class Agent(Flow[Any, dict[str, Any]]):
                 return
             args = verdict.args
         limits = ctx.limits
+        produced: list[Message] = []
 
         async def invoke() -> dict[str, Any]:
             kwargs = tool.validate_args(dict(args))
@@ -431,6 +433,7 @@ class Agent(Flow[Any, dict[str, Any]]):
             conv.require_blobs()
             # Stored in the same transaction as this step's record (which names it).
             ctx.stage_blobs({digest: data})
+            produced[:] = [message]  # known here: the next model call need not read it back
             return {"message": digest}
 
         try:
@@ -442,7 +445,7 @@ class Agent(Flow[Any, dict[str, Any]]):
             text = f"{error.get('type', 'Error')}: {error.get('message', '')}"
             conv.add(_observation(call, text))
             return
-        conv.add_stored(str(out["message"]))
+        conv.add_stored(str(out["message"]), produced[0] if produced else None)
 
 
 def _fields(policy: RetryPolicy) -> dict[str, Any]:

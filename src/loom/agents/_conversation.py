@@ -17,7 +17,7 @@ from loom.llm import CompletionRequest, Message, canonical_json
 from loom.model import PayloadLimits
 from loom.storage import BlobStore
 
-__all__ = ["Conversation", "fingerprint", "short_hash"]
+__all__ = ["Conversation", "fingerprint", "short_hash", "static_fingerprint"]
 
 
 def short_hash(value: Any) -> str:
@@ -28,11 +28,15 @@ def short_hash(value: Any) -> str:
 
 def fingerprint(request: CompletionRequest, history: str) -> dict[str, str]:
     """What a recorded model call is compared against on replay, component by component."""
+    return {**static_fingerprint(request), "history": history}
+
+
+def static_fingerprint(request: CompletionRequest) -> dict[str, str]:
+    """The components that do not change during a run (an agent computes them once)."""
     return {
         "instructions": short_hash(request.system),
         "tools": short_hash([t.to_dict() for t in request.tools]),
         "parameters": short_hash(request.parameters()),
-        "history": history,
     }
 
 

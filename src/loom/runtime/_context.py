@@ -265,8 +265,7 @@ class WorkflowContext:
     @property
     def blob_store(self) -> BlobStore | None:
         """The execution store's :class:`~loom.storage.BlobStore` (None if it keeps none)."""
-        store = self._driver.store
-        return store if isinstance(store, BlobStore) else None
+        return self._driver.blob_store
 
     def stage_blobs(self, blobs: Mapping[str, bytes]) -> None:
         """Store ``blobs`` (sha256 hex -> bytes) with this execution's next durable write: in

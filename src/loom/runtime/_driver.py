@@ -114,6 +114,12 @@ class Driver:
         self.runtime: WorkflowRuntime | None = None
         #: Where early messages wait (None: the store keeps no mailbox).
         self.mailbox: MailboxStore | None = store if isinstance(store, MailboxStore) else None
+        # Checked once: a runtime-checkable protocol's isinstance costs tens of microseconds,
+        # and an agent stores blobs on nearly every write.
+        self.blob_store: BlobStore | None = store if isinstance(store, BlobStore) else None
+        self._with_blobs: AppendsWithBlobs | None = (
+            store if isinstance(store, AppendsWithBlobs) else None
+        )
 
     def consumed_messages(self) -> set[str]:
         """The ids of every message (or keyed resume) a gate of this execution has taken."""
@@ -179,16 +185,16 @@ class Driver:
         if not blobs:
             await self.store.append(envelopes)
             return
-        if isinstance(self.store, AppendsWithBlobs):
-            await self.store.append_with_blobs(envelopes, blobs)
+        if self._with_blobs is not None:
+            await self._with_blobs.append_with_blobs(envelopes, blobs)
             return
-        if not isinstance(self.store, BlobStore):
+        if self.blob_store is None:
             raise ConfigurationError(
                 f"execution {self.state.execution_id!r} stores blobs, but "
                 f"{type(self.store).__name__} keeps none",
                 execution_id=self.state.execution_id,
             )
-        await self.store.put_blobs(blobs)
+        await self.blob_store.put_blobs(blobs)
         await self.store.append(envelopes)
 
     async def take_over(self, events: Sequence[EventPayload], *, from_fence: int) -> None:
