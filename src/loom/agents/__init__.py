@@ -8,6 +8,7 @@ from loom.agents._agent import (
     Budget,
     Outcome,
     Price,
+    UsageAccounting,
     agent,
 )
 from loom.agents._approval import (
@@ -19,6 +20,7 @@ from loom.agents._approval import (
     pending_approval,
     vote,
 )
+from loom.agents._events import ModelCalled, VoteRecorded
 from loom.agents._live import LIVE, LiveText
 from loom.agents._tool import FatalToolError, Tool, ToolArgumentsError, tool
 
@@ -32,11 +34,14 @@ __all__ = [
     "Budget",
     "FatalToolError",
     "LiveText",
+    "ModelCalled",
     "Outcome",
     "Price",
     "Tool",
     "ToolArgumentsError",
+    "UsageAccounting",
     "Verdict",
+    "VoteRecorded",
     "VoteRefusedError",
     "agent",
     "args_hash",
