@@ -29,6 +29,29 @@ DEFAULT_LIMITS = PayloadLimits()
 _encoder = json.JSONEncoder(allow_nan=False, ensure_ascii=False, separators=(",", ":"))
 
 
+def _not_json(value: Any) -> Any:
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+# The C encoder behind _encoder, built once: JSONEncoder.encode builds a new one (and a
+# circular-reference table) on every call, which costs about half of encoding a step's record.
+# Without the table a circular value ends in RecursionError, refused like any other.
+_make_encoder: Any = getattr(json.encoder, "c_make_encoder", None)
+_c_encode: Any = (
+    None
+    if _make_encoder is None
+    else _make_encoder(
+        None, _not_json, json.encoder.encode_basestring, None, ":", ",", False, False, False
+    )
+)
+
+
+def _encode(value: Any) -> str:
+    if _c_encode is None:
+        return _encoder.encode(value)
+    return "".join(_c_encode(value, 0))
+
+
 def _depth_exceeds(value: Any, limit: int) -> bool:
     # Iterative so a hostile document cannot blow the interpreter stack while we measure it.
     stack: list[tuple[Any, int]] = [(value, 1)]
@@ -50,7 +73,7 @@ def encode_json(
 ) -> str:
     """Encode ``value`` as compact JSON or raise :class:`PayloadError` saying why not."""
     try:
-        text = _encoder.encode(value)
+        text = _encode(value)
         if not text.isascii():
             text.encode()  # lone surrogates cannot be stored as UTF-8
     except (TypeError, ValueError, RecursionError) as exc:

@@ -154,24 +154,56 @@ def json_dump(adapter: pydantic.TypeAdapter[Any], value: Any) -> Any:
     from what the code saw (a silent wrong result, and a replay mismatch later). The Python
     mode keeps floats as they are, so non-finite ones are looked for there first.
     """
-    _refuse_non_finite(adapter.dump_python(value, mode="python"))
+    python = adapter.dump_python(value, mode="python")
+    if _refuse_non_finite(python):
+        # Already plain JSON (the common case: None, numbers, strings, lists, str-keyed
+        # dicts): JSON mode would return the same values, so one serialisation is enough.
+        return python
     return adapter.dump_python(value, mode="json")
 
 
-def _refuse_non_finite(value: Any) -> None:
+#: Types whose Python-mode dump is already what JSON mode returns (exact types: a subclass
+#: such as an enum member is converted by JSON mode).
+_PLAIN_LEAVES = frozenset({str, int, bool, type(None)})
+
+
+def _refuse_non_finite(value: Any) -> bool:
+    """Refuse NaN and ±Infinity anywhere in ``value``; return whether ``value`` is plain JSON
+    (only exact dicts with str keys, lists, strings, numbers, booleans and None, nested less
+    than _PLAIN_DEPTH deep) that JSON mode would return unchanged."""
     # Iterative, with a visited set: a hostile value can be deep or circular.
-    stack = [value]
+    stack: list[tuple[Any, int]] = [(value, 0)]
     seen: set[int] = set()
+    plain = True
     while stack:
-        item = stack.pop()
+        item, depth = stack.pop()
+        kind = type(item)
+        if kind in _PLAIN_LEAVES:
+            continue
         if isinstance(item, float):
             if not math.isfinite(item):
                 raise PayloadError(f"{item!r} is not a JSON number")
+            plain = plain and kind is float
         elif isinstance(item, (dict, list, tuple, set, frozenset)):
             if id(item) in seen:
                 raise PayloadError("the value refers to itself (circular)")
             seen.add(id(item))
-            stack.extend(item.values() if isinstance(item, dict) else item)
+            depth += 1
+            if depth >= _PLAIN_DEPTH:
+                plain = False  # JSON mode has a nesting limit of its own: let it decide
+            if isinstance(item, dict):
+                plain = plain and kind is dict and all(type(k) is str for k in item)
+                stack.extend((v, depth) for v in item.values())
+            else:
+                plain = plain and kind is list
+                stack.extend((v, depth) for v in item)
+        else:
+            plain = False
+    return plain
+
+
+#: Below pydantic's own JSON-mode nesting limit (255 levels).
+_PLAIN_DEPTH = 128
 
 
 class _Codec:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import os
 import sqlite3
 import threading
@@ -147,7 +148,6 @@ _INSERT_EVENT = (
 # What an attempt to begin a write transaction without waiting found.
 _BEGUN, _BUSY, _FAILED = object(), object(), object()
 
-_HEAD_FENCE = "SELECT fence FROM loom_heads WHERE execution_id = ?"
 # The events' primary key ends in the sequence: max() is one seek to the end of the range.
 _LAST_SEQUENCE = "SELECT max(sequence) FROM loom_events WHERE execution_id = ?"
 
@@ -157,17 +157,24 @@ def _next_sequence(conn: sqlite3.Connection, execution_id: str) -> int:
     return 0 if row is None or row[0] is None else int(row[0]) + 1
 
 
-# The tail event and its type in one seek to the end of the primary key's range: the next
-# sequence, and whether the log already ended (nothing may follow a terminal event).
-_TAIL = (
-    "SELECT sequence, type FROM loom_events WHERE execution_id = ? ORDER BY sequence DESC LIMIT 1"
+# What an append must check, in ONE statement: the head's fence (NULL: no head) and the tail
+# event (its sequence gives the next one; its type says whether the log already ended). Both
+# are single seeks (the heads' primary key; the end of the events' primary-key range).
+_APPEND_CHECK = (
+    "SELECT (SELECT fence FROM loom_heads WHERE execution_id = ?1), t.sequence, t.type "
+    "FROM (SELECT 1) LEFT JOIN (SELECT sequence, type FROM loom_events "
+    "WHERE execution_id = ?1 ORDER BY sequence DESC LIMIT 1) AS t"
 )
 
 
-def _tail(conn: sqlite3.Connection, execution_id: str) -> tuple[int, str | None]:
-    """(next sequence, the last event's type or None when the log is empty)."""
-    row = conn.execute(_TAIL, (execution_id,)).fetchone()
-    return (0, None) if row is None else (int(row[0]) + 1, str(row[1]))
+def _append_check(conn: sqlite3.Connection, execution_id: str) -> tuple[int, int, str | None]:
+    """(current fence or 0, next sequence, the last event's type or None when empty)."""
+    fence, last, last_type = conn.execute(_APPEND_CHECK, (execution_id,)).fetchone()
+    return (
+        0 if fence is None else int(fence),
+        0 if last is None else int(last) + 1,
+        None if last_type is None else str(last_type),
+    )
 
 
 def _ended_refusal(
@@ -353,7 +360,12 @@ class SQLiteStore(SQLiteBranches):
         pid = os.getpid()
         if self._writer is None or self._writer_pid != pid:
             # Never reuse a connection across fork: the child opens its own.
-            self._writer = self._connect()
+            conn = self._connect()
+            # No busy wait on the event loop's fast path (one statement fewer per step than
+            # toggling it around each BEGIN): only the writer thread's contended path waits,
+            # raising the timeout around its own BEGIN (see _run_batch).
+            conn.execute("PRAGMA busy_timeout = 0")
+            self._writer = conn
             self._writer_pid = pid
         return self._writer
 
@@ -450,12 +462,9 @@ class SQLiteStore(SQLiteBranches):
             return _FAILED
         try:
             faults.hit("before_append")
-            conn = self._writer_conn()
-            conn.execute("PRAGMA busy_timeout = 0")
-            try:
-                conn.execute("BEGIN IMMEDIATE")
-            finally:
-                conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
+            # The writer connection's busy timeout is 0 (see _writer_conn): a lock held by
+            # another process answers SQLITE_BUSY at once instead of blocking the event loop.
+            self._writer_conn().execute("BEGIN IMMEDIATE")
         except sqlite3.OperationalError as exc:
             if exc.sqlite_errorcode & 0xFF == sqlite3.SQLITE_BUSY:
                 return _BUSY
@@ -471,8 +480,15 @@ class SQLiteStore(SQLiteBranches):
             if self._closed:
                 self._fail_all(batch, StorageWriteError(f"the SQLite store {self.path} is closed"))
                 return
-            # Reached only after a busy attempt on the loop, which crossed before_append.
-            self._run_batch(self._writer_conn(), batch, begun=False, fault_crossed=True)
+            # Reached only after a busy attempt on the loop, which crossed before_append. This
+            # thread may wait for the other writer: up to busy_timeout, for this batch only.
+            conn = self._writer_conn()
+            try:
+                conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
+                self._run_batch(conn, batch, begun=False, fault_crossed=True)
+            finally:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("PRAGMA busy_timeout = 0")
 
     def _run_batch(
         self,
@@ -579,9 +595,7 @@ class SQLiteStore(SQLiteBranches):
             # write transaction (BEGIN IMMEDIATE excludes every other writer, in any process,
             # until COMMIT), and only the events table is written. The head row moves only on
             # a start, a take-over or a fence change.
-            head = conn.execute(_HEAD_FENCE, (execution_id,)).fetchone()
-            current_fence = head[0] if head is not None else 0
-            next_sequence, last_type = _tail(conn, execution_id)
+            current_fence, next_sequence, last_type = _append_check(conn, execution_id)
             refusal = refusal_for(execution_id, first, fence, current_fence, next_sequence)
             if refusal is None and last_type in TERMINAL_TYPES:
                 # Nothing follows a terminal event (the tail read above already holds its type).
