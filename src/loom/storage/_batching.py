@@ -5,10 +5,10 @@ A store wraps each write in a :class:`WriteRequest` (its own subclass, typed) an
 collecting leads, yields once so that every task that is ready now can queue behind it, then
 takes the queue and commits it with the store's ``run_batch`` (one transaction, one durable
 commit for all of them). A lone write commits in the caller's own task (no extra task, no
-extra hop); a shared batch runs in a task of its own, so a cancelled caller never strands the
-others. When a batch finishes, what queued meanwhile goes in the next one. At most
-``max_inflight`` batches run at once (SQLite: 1, its single writer; PostgreSQL: a few, one per
-pooled connection).
+extra hop, and no yield when nothing else is ready to run); a shared batch runs in a task of
+its own, so a cancelled caller never strands the others. When a batch finishes, what queued
+meanwhile goes in the next one. At most ``max_inflight`` batches run at once (SQLite: 1, its
+single writer; PostgreSQL: a few, one per pooled connection).
 
 ``run_batch`` must give every request of its batch a result or an error (a refusal fails only
 its own caller); the engine then answers the callers' futures. If ``run_batch`` itself raises,
@@ -38,6 +38,18 @@ class WriteRequest:
 
 
 R = TypeVar("R", bound=WriteRequest)
+
+
+def _others_ready() -> bool:
+    """Whether another callback (another writer's task, say) is ready to run on this loop.
+
+    The leader yields once so that writers ready now can join its batch; when nothing else is
+    ready the yield would only come straight back (a lone writer: one execution stepping), so
+    it is skipped, saving a loop iteration per write. The ready queue is asyncio's own
+    (``BaseEventLoop._ready``); a loop without one (uvloop) always yields.
+    """
+    ready = getattr(asyncio.get_running_loop(), "_ready", None)
+    return ready is None or len(ready) > 0
 
 
 def answer(req: WriteRequest) -> None:
@@ -82,7 +94,7 @@ class GroupCommit(Generic[R]):
             return await req.future  # a batch that is collecting, or the next free one, takes it
         self._collecting = True
         self._inflight += 1
-        if self.coalesce:
+        if self.coalesce and _others_ready():
             try:
                 await asyncio.sleep(0)
             except BaseException:  # cancelled while collecting: hand the others to a batch task
