@@ -54,11 +54,20 @@ async def caller(ctx: loom.WorkflowContext, n: int) -> dict[str, Any]:
     return {"one": one, "gated": gated, "swapped": swapped.model_dump()}
 
 
+async def _settled_at(rt: loom.WorkflowRuntime, eid: str, gate: str) -> Any:
+    """The execution's state once it is suspended at ``gate`` (it may wait elsewhere first)."""
+    while True:
+        state = await rt.wait(eid, until="settled", timeout=30)
+        if state.waiting is not None and state.waiting.event_type == gate:
+            return state
+        await rt.store.wait_for_append(eid, state.last_sequence, timeout=30)
+
+
 async def test_call_start_child_and_order(db_path: Path) -> None:
     async with loom.WorkflowRuntime(store=SQLiteStore(db_path)) as rt:
         rt.register(caller, leaf, gated_leaf, typed_leaf)
         handle = await rt.start(caller, 5, execution_id="p")
-        parent = await rt.wait("p", until="settled", timeout=30)
+        parent = await _settled_at(rt, "p", "loom.child:p.2")
         # The parent waits durably on its first gated child, holding nothing.
         assert parent.status is ExecutionStatus.SUSPENDED
         # Ids derive from the parent's id and the position: call() took 0 (start) and 1 (wait).

@@ -36,8 +36,11 @@ from loom.errors import (
 )
 from loom.model import (
     Envelope,
+    ExecutionResumed,
     ExecutionState,
     ExecutionStatus,
+    ExecutionSuspended,
+    OpKind,
     OpRecord,
     OpStatus,
     Payload,
@@ -45,7 +48,7 @@ from loom.model import (
     register_event,
 )
 from loom.runtime._sdk import Flow
-from loom.storage import MailboxStore, Message
+from loom.storage import ExecutionIndex, MailboxStore, Message
 
 if TYPE_CHECKING:
     from loom.runtime._context import WorkflowContext
@@ -164,6 +167,13 @@ class ChildHandle:
     def child_id(self) -> str:
         return self.execution_id
 
+    def _settle(self, ctx: WorkflowContext, payload: Any) -> None:
+        try:
+            self._result = _outcome(ctx, self, payload)
+        except ChildFailedError as exc:
+            self._error = exc
+        self._done = True
+
     def __await__(self) -> Generator[Any, None, Any]:
         return self._wait().__await__()
 
@@ -265,7 +275,9 @@ async def _start(
             await _adopt(rt, child_id, flow, parent_id)
     else:
         await _dispatch(rt, dispatcher, flow, encoded, child_id, metadata)
-    await ctx._driver.append([ChildStarted(pos, child_id, flow.id, flow.version)])
+    # Written with the parent's next append (before any wait and before its outcome): the
+    # child exists already, so a crash that loses the record only makes the replay attach.
+    ctx._driver.pending_records.append(ChildStarted(pos, child_id, flow.id, flow.version))
 
 
 async def _adopt(rt: WorkflowRuntime, child_id: str, flow: Flow[Any, Any], parent_id: str) -> None:
@@ -334,8 +346,20 @@ async def _await_child(ctx: WorkflowContext, handle: ChildHandle) -> Any:
     gate = _gate(handle.execution_id)
     pos = ctx._position
     op = ctx.recorded(pos)
-    if op is None or op.status is not OpStatus.RESOLVED:
-        # Not decided in the log yet: the child may have ended without reaching us (its
+    if op is None:
+        # First time here: a child that ended already is taken in one write, without
+        # suspending (the common case when children run at the same time).
+        message = await ctx._next_message(gate)
+        if message is None:
+            state = await rt.load_state(handle.execution_id)
+            if state is not None and state.is_terminal:
+                # Its outcome is durable, its message not (yet): store the message under the
+                # child's own key (the child's later put is then a no-op) and take it.
+                message = await _put(rt, ctx.execution_id, handle.execution_id, state)
+        if message is not None:
+            return _outcome(ctx, handle, await _take(ctx, gate, message))
+    elif op.status is not OpStatus.RESOLVED:
+        # A recovered holder waiting here: the child may have ended without reaching us (its
         # process died after its outcome). Its store record is the truth; report it.
         state = await rt.load_state(handle.execution_id)
         if state is not None and state.is_terminal:
@@ -380,6 +404,65 @@ def _outcome(ctx: WorkflowContext, handle: ChildHandle, payload: Any) -> Any:
     )
 
 
+async def _take(ctx: WorkflowContext, gate: str, message: Message) -> Any:
+    """Record the wait at ``gate`` and its answer ``message`` in one write (the parent is
+    never seen waiting), then mark the message taken."""
+    await _take_many(ctx, [(gate, message)])
+    return message.payload
+
+
+async def _take_many(ctx: WorkflowContext, answers: Sequence[tuple[str, Message]]) -> None:
+    """Record the waits at the next positions (one per gate, in order) with their answers in
+    one write. The messages are marked taken afterwards, off the flow's path: the log is
+    what says a message was taken (a mark lost to a crash is caught up when seen)."""
+    ctx._enter()
+    events: list[Any] = []
+    for gate, message in answers:
+        pos, _ = ctx._take_position(OpKind.GATE, gate)
+        events.append(ExecutionSuspended(pos, gate, None, None))
+        events.append(ExecutionResumed(pos, gate, message.payload, message.message_id))
+    await ctx._driver.append(events)
+    mailbox = ctx._driver.mailbox
+    rt = ctx._driver.runtime
+    if mailbox is None or rt is None:
+        return
+    box, eid = mailbox, ctx.execution_id
+    ids = [m.message_id for _, m in answers]
+
+    async def mark() -> None:
+        try:
+            await asyncio.gather(*(box.consume_message(eid, i) for i in ids))
+        except Exception as exc:  # caught up when the gate's mailbox is next read
+            log.warning("marking child outcomes of %s taken failed: %r", eid, exc)
+
+    rt._spawn(mark(), f"loom:consume:{eid}")
+
+
+async def _put(
+    rt: WorkflowRuntime, parent_id: str, child_id: str, state: ExecutionState
+) -> Message:
+    from loom.runtime import _mailbox
+
+    store = _mailbox_of(rt, parent_id, child_id)
+    message_id = _mailbox.keyed_id(_key(child_id))
+    message = Message(
+        parent_id, message_id, _gate(child_id), outcome_payload(state), rt.clock.now()
+    )
+    return await store.put_message(message)
+
+
+def _mailbox_of(rt: WorkflowRuntime, parent_id: str, child_id: str) -> MailboxStore:
+    store = rt.store
+    if not isinstance(store, MailboxStore):
+        raise ConfigurationError(
+            f"execution {parent_id!r} waits on child {child_id!r}, but this runtime's store "
+            "keeps no mailbox",
+            execution_id=parent_id,
+            hint="Use a store that implements MailboxStore (memory, SQLite, PostgreSQL)",
+        )
+    return store
+
+
 async def _report(rt: WorkflowRuntime, parent_id: str, child_id: str, payload: Any) -> None:
     """Put the child's outcome in the parent's mailbox (once per child) and deliver it."""
     from loom.runtime import _mailbox
@@ -395,6 +478,15 @@ async def _report(rt: WorkflowRuntime, parent_id: str, child_id: str, payload: A
     gate = _gate(child_id)
     message_id = _mailbox.keyed_id(_key(child_id))
     await store.put_message(Message(parent_id, message_id, gate, payload, rt.clock.now()))
+    if isinstance(store, ExecutionIndex):
+        # The index row is written with each append: a parent not waiting on this child now
+        # takes the message itself when it gets to it (it looks again once its wait is
+        # durable), so only a parent waiting here is folded and resumed.
+        summary = await store.get_summary(parent_id)
+        if summary is not None and (
+            summary.status is not ExecutionStatus.SUSPENDED or summary.waiting_for != gate
+        ):
+            return
     await _mailbox.deliver(rt, store, parent_id, gate)
 
 
@@ -470,8 +562,21 @@ async def fan_out(
             )
         pairs.append(branch)
     handles = [start_child(ctx, flow, inp, None) for flow, inp in pairs]
+    await ctx.settle_child_starts()
     results: list[Any] = []
-    for handle in handles:
+    for i, handle in enumerate(handles):
+        if not handle._done and ctx.recorded(ctx._position) is None:
+            # Children that ended already (in order from here) are taken in one write.
+            ready: list[tuple[ChildHandle, Message]] = []
+            for later in handles[i:]:
+                message = await ctx._next_message(_gate(later.execution_id))
+                if message is None:
+                    break
+                ready.append((later, message))
+            if len(ready) > 1:
+                await _take_many(ctx, [(_gate(h.execution_id), m) for h, m in ready])
+                for h, m in ready:
+                    h._settle(ctx, m.payload)
         try:
             results.append(await handle)
         except ChildFailedError as exc:

@@ -91,6 +91,9 @@ class Driver:
         self.last_snapshot = last_snapshot
         self.lock = asyncio.Lock()
         self.pending_ui: list[UIPatched] = []
+        #: Records that may wait for the next append (a child's start: the child exists
+        #: already, and a replay that finds no record attaches to it by id).
+        self.pending_records: list[EventPayload] = []
         #: Blobs (sha256 -> bytes) to store with the next append, in its transaction when the
         #: store can (AppendsWithBlobs), else just before it: never after the event naming them.
         self.pending_blobs: dict[str, bytes] = {}
@@ -166,7 +169,8 @@ class Driver:
                     execution_id=self.state.execution_id,
                     status=self.state.status.value,
                 )
-            pending, self.pending_ui = self.pending_ui, []
+            pending: list[EventPayload] = [*self.pending_records, *self.pending_ui]
+            self.pending_records, self.pending_ui = [], []
             blobs, self.pending_blobs = self.pending_blobs, {}
             try:
                 envelopes = self.build([*pending, *events] if pending else events)
@@ -186,7 +190,15 @@ class Driver:
                     self.fenced_out = exc
                 raise
             except BaseException:
-                self.pending_ui = pending + self.pending_ui  # not written: keep them
+                # Not written: keep them.
+                self.pending_records = [
+                    *(e for e in pending if not isinstance(e, UIPatched)),
+                    *self.pending_records,
+                ]
+                self.pending_ui = [
+                    *(e for e in pending if isinstance(e, UIPatched)),
+                    *self.pending_ui,
+                ]
                 self.pending_blobs = {**blobs, **self.pending_blobs}
                 raise
             self._applied(envelopes)
