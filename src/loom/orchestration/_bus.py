@@ -8,11 +8,11 @@ import functools
 import hashlib
 import logging
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from loom.errors import FlowNotFoundError, NotWaitingError
-from loom.model import ExecutionState
+from loom.model import ExecutionState, ExecutionStatus
 from loom.orchestration._cards import AgentCard, AgentSkill
 from loom.orchestration._errors import TaskNotFoundError, TaskTerminalError, UnknownAgentError
 from loom.orchestration._tasks import Task, TaskState
@@ -33,6 +33,8 @@ from loom.runtime._mailbox import keyed_id, taken
 __all__ = ["InProcessA2ABus", "card_for"]
 
 log = logging.getLogger("loom.orchestration")
+
+_LIVE = (ExecutionStatus.RUNNING, ExecutionStatus.PENDING)
 
 
 def card_for(flow: Flow[Any, Any], **overrides: Any) -> AgentCard:
@@ -262,6 +264,33 @@ class InProcessA2ABus:
             state = await self.runtime.cancel(task_id, reason)
             await self.dispatcher.cancel(task_id)
         return Task.of(task_id, state)
+
+    async def recover(self, *, is_abandoned: Callable[[ExecutionState], bool]) -> list[str]:
+        """Redispatch the running tasks of this bus's agents that ``is_abandoned`` claims
+        (e.g. all of them, in a server that is their only driver and just restarted): each
+        continues from its log through the dispatcher, completed steps not re-run (ADR 0004).
+        Required predicate, no default: only the deployment knows which holders are dead.
+        Returns the task ids redispatched; their runs go on in the background."""
+        flows = {card.flow_id: card.name for card in self._cards.values()}
+        claimed: list[str] = []
+        async for summary in self.runtime.executions():
+            if summary.flow_id not in flows or summary.status not in _LIVE:
+                continue
+            state = await self.runtime.load_state(summary.execution_id)
+            if state is None or state.status not in _LIVE or not is_abandoned(state):
+                continue
+            package = ExecutionPackage(
+                execution_id=state.execution_id,
+                flow_id=state.flow_id,
+                flow_version=state.flow_version,
+                intent=Intent.CONTINUE,
+                redispatch=True,
+            )
+            run = asyncio.ensure_future(self._run(package, flows[state.flow_id]))
+            self._running[state.execution_id] = run
+            run.add_done_callback(functools.partial(self._forget, state.execution_id))
+            claimed.append(state.execution_id)
+        return claimed
 
     async def updates(self, task_id: str, *, until_settled: bool = False) -> AsyncIterator[Task]:
         """The task's states as they commit: first the current one, then one per change,
