@@ -188,3 +188,26 @@ async def test_bus_cancel_stream_and_errors(runtime: loom.WorkflowRuntime) -> No
     assert [u.state async for u in bus.updates("t3")] == [TaskState.CANCELED]
     with pytest.raises(TaskTerminalError):
         await bus.send("two-gates", {"ok": True}, task_id="t3")
+
+
+@loom.flow(id="parent", version="1")
+async def parent(ctx: loom.WorkflowContext, what: str) -> Any:
+    return await ctx.call(two_gates, what, execution_id="child-of-t5")
+
+
+async def test_a_parent_waiting_on_its_child_is_working_not_input_required(
+    runtime: loom.WorkflowRuntime,
+) -> None:
+    runtime.register(parent)
+    bus = InProcessA2ABus(runtime)
+    bus.register(parent)
+    bus.register(two_gates)
+    await bus.send("parent", "x", task_id="t5", wait=False)
+    child = await bus.wait("child-of-t5", timeout=30, missing_ok=True)
+    assert child.state is TaskState.INPUT_REQUIRED  # the child asks for input...
+    task = await bus.get("t5")
+    assert task.state is TaskState.WORKING and task.gate is None  # ...its parent just waits
+    await bus.send("two-gates", {"ok": True}, task_id="child-of-t5")
+    await bus.send("two-gates", {"ok": True}, task_id="child-of-t5")
+    done = await bus.wait("t5", timeout=30)
+    assert done.state is TaskState.COMPLETED and done.output["votes"] == [True, True]

@@ -15,7 +15,7 @@ from loom.errors import FlowNotFoundError, NotWaitingError
 from loom.model import ExecutionState, ExecutionStatus
 from loom.orchestration._cards import AgentCard, AgentSkill
 from loom.orchestration._errors import TaskNotFoundError, TaskTerminalError, UnknownAgentError
-from loom.orchestration._tasks import Task, TaskState
+from loom.orchestration._tasks import Task, TaskState, settled
 from loom.placement import (
     ExecutionDispatcher,
     ExecutionPackage,
@@ -228,11 +228,22 @@ class InProcessA2ABus:
                 # The gate moved on under us (a duplicate or late decision): report, no retry.
                 return await self.get(eid)
             raise
-        return Task.of(eid, result.folded, agent=agent)
+        task = Task.of(eid, result.folded, agent=agent)
+        if task.state is TaskState.WORKING:
+            # Suspended on the runtime's own wait (a sleep, its child executions): not a
+            # settled task yet. Await it by id.
+            return await self._await(eid, agent)
+        return task
 
     async def _await(self, task_id: str, agent: str | None = None) -> Task:
-        state = await self.runtime.wait(task_id, until="settled", missing_ok=True)
+        state = await self._settled(task_id, None)
         return Task.of(task_id, state, agent=agent)
+
+    async def _settled(self, task_id: str, timeout: float | None) -> ExecutionState:
+        async def wait(eid: str, left: float | None) -> ExecutionState:
+            return await self.runtime.wait(eid, timeout=left, until="settled", missing_ok=True)
+
+        return await settled(self.runtime.store, task_id, timeout=timeout, wait=wait)
 
     async def get(self, task_id: str) -> Task:
         """The task's current state, folded from the log. :class:`TaskNotFoundError` if no
@@ -244,14 +255,18 @@ class InProcessA2ABus:
             raise TaskNotFoundError(f"no task {task_id!r}", execution_id=task_id)
         return Task.of(task_id, state)
 
-    async def wait(self, task_id: str, *, timeout: float | None = None) -> Task:
-        """Await the task by id until it settles (``input-required``, or ended), whichever
-        process drives it (``runtime.wait``)."""
+    async def wait(
+        self, task_id: str, *, timeout: float | None = None, missing_ok: bool = False
+    ) -> Task:
+        """Await the task by id until it ends or asks for input, whichever process drives
+        it. :class:`TaskNotFoundError` for an unknown id, unless ``missing_ok`` (then it
+        waits for the task to start, e.g. a child a parent is about to start)."""
         run = self._running.get(task_id)
         if run is not None:
-            return await asyncio.wait_for(asyncio.shield(run), timeout)
-        state = await self.runtime.wait(task_id, timeout=timeout, until="settled")
-        return Task.of(task_id, state)
+            await asyncio.wait_for(asyncio.shield(run), timeout)
+        elif not missing_ok and await self.runtime.load_state(task_id) is None:
+            raise TaskNotFoundError(f"no task {task_id!r}", execution_id=task_id)
+        return Task.of(task_id, await self._settled(task_id, timeout))
 
     async def cancel(self, task_id: str, reason: str | None = None) -> Task:
         """Cancel the task: the execution is cancelled in the log (its holder, wherever it

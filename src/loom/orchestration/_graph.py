@@ -500,6 +500,10 @@ class _Executor:
                 state = await self._reload(eid, state)
             dispatched = True
         ts = task_state(state)
+        if ts is TaskState.WORKING and self.store is not None:
+            # Suspended on the runtime's own wait (a sleep, its children): await it by id.
+            state = await settled(self.store, eid)
+            ts = task_state(state)
         return NodeRun(
             node.id,
             eid,

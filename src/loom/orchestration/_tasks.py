@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import enum
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from loom.model import ExecutionState, ExecutionStatus, Gate, replay
-from loom.runtime._context import TIMER_EVENT
 from loom.storage import Store
 
 __all__ = ["Task", "TaskState", "fold", "settled"]
 
 _REJECTED = "TaskRejectedError"
+_RUNTIME_GATES = "loom."
+_LIVE = (ExecutionStatus.RUNNING, ExecutionStatus.PENDING)
 
 
 class TaskState(enum.StrEnum):
@@ -68,7 +70,9 @@ def _rejected(error: Any) -> bool:
 
 
 def _human_gate(gate: Gate | None) -> bool:
-    return gate is not None and gate.event_type != TIMER_EVENT
+    # The runtime's own waits (a durable sleep, a parent awaiting its children) are "loom.*"
+    # gates: the task is still working, nobody is asked for input.
+    return gate is not None and not gate.event_type.startswith(_RUNTIME_GATES)
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,29 +141,52 @@ async def fold(store: Store, execution_id: str) -> ExecutionState | None:
     return replay(envelopes, execution_id=execution_id)
 
 
-async def settled(
-    store: Store, execution_id: str, *, timeout: float | None = None, load: Any = None
-) -> ExecutionState:
-    """Await ``execution_id`` by id until it settles: suspended (a gate or a timer) or ended.
+def _asks_or_ended(state: ExecutionState | None) -> bool:
+    ts = task_state(state)
+    return ts.is_terminal or ts is TaskState.INPUT_REQUIRED
 
-    Whichever process drives it: each change is an append, so this waits on the store's
-    ``wait_for_append`` (LISTEN/NOTIFY on PostgreSQL), re-folding only when the log grew.
-    This is how a superseded refusal is answered (ADR 0004): the caller gets the winner's
-    outcome. Raises ``TimeoutError`` after ``timeout`` seconds.
+
+async def settled(
+    store: Store,
+    execution_id: str,
+    *,
+    timeout: float | None = None,
+    load: Callable[[str], Awaitable[ExecutionState | None]] | None = None,
+    wait: Callable[[str, float | None], Awaitable[ExecutionState]] | None = None,
+) -> ExecutionState:
+    """Await ``execution_id`` by id until it ends or asks for input (``input-required``);
+    a durable sleep or a wait on child executions is still working, so it waits on.
+
+    Whichever process drives it: every change is an append, so this waits on ``wait`` (a
+    runtime's ``wait(until="settled")``) when given, else on the store's ``wait_for_append``
+    (LISTEN/NOTIFY on PostgreSQL), re-folding only when the log grew. This is how a
+    superseded refusal is answered (ADR 0004): the caller gets the winner's outcome. Raises
+    ``TimeoutError`` after ``timeout`` seconds.
     """
     loop = asyncio.get_running_loop()
     give_up = None if timeout is None else loop.time() + timeout
+
+    def left() -> float | None:
+        if give_up is None:
+            return None
+        remaining = give_up - loop.time()
+        if remaining <= 0:
+            raise TimeoutError(f"{execution_id!r} did not settle within {timeout}s")
+        return remaining
+
     while True:
-        state = await (load(execution_id) if load is not None else fold(store, execution_id))
-        if state is not None and state.status not in (
-            ExecutionStatus.RUNNING,
-            ExecutionStatus.PENDING,
-        ):
+        if wait is not None:
+            state: ExecutionState | None = await wait(execution_id, left())
+        elif load is not None:
+            state = await load(execution_id)
+        else:
+            state = await fold(store, execution_id)
+        if state is not None and _asks_or_ended(state):
             return state
+        if state is not None and wait is not None and state.status in _LIVE:
+            continue  # the runtime's wait returned early (it should not); ask again
         last = -1 if state is None else state.last_sequence
-        wait = 1.0
-        if give_up is not None:
-            wait = min(wait, give_up - loop.time())
-            if wait <= 0:
-                raise TimeoutError(f"{execution_id!r} did not settle within {timeout}s")
-        await store.wait_for_append(execution_id, last, timeout=wait)
+        remaining = left()
+        await store.wait_for_append(
+            execution_id, last, timeout=1.0 if remaining is None else min(1.0, remaining)
+        )
