@@ -16,7 +16,7 @@ from collections import Counter
 from pathlib import Path
 
 from loom.faults import FAULT_POINTS
-from tests.test_agent_crash import CLEAN, FINAL, run_to_the_end
+from tests.agents.test_agent_crash import CLEAN, FINAL, run_to_the_end
 
 
 def main() -> int:

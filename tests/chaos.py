@@ -14,7 +14,7 @@ from collections import Counter
 from pathlib import Path
 
 from loom.faults import FAULT_POINTS
-from tests.crash_harness import crash_and_recover
+from tests.support.crash_harness import crash_and_recover
 
 POINTS = [p for p in FAULT_POINTS if p != "after_suspend_recorded" and not p.startswith("agents.")]
 

@@ -24,8 +24,13 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from loom.storage.postgres import PostgresStore
-from tests._pg import PG_DSN, new_schema_name, pg_reason
-from tests.store_harness import Target, kill_in_batch, random_batch_shape, terminate_under_load
+from tests.support.pg import PG_DSN, new_schema_name, pg_reason
+from tests.support.store_harness import (
+    Target,
+    kill_in_batch,
+    random_batch_shape,
+    terminate_under_load,
+)
 
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
 

@@ -11,8 +11,8 @@ import sys
 import time
 from pathlib import Path
 
-from tests._cli import LOOM, as_json, ok
-from tests._cli import loom as loom_cli
+from tests.support.cli import LOOM, as_json, ok
+from tests.support.cli import loom as loom_cli
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 

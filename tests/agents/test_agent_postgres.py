@@ -16,7 +16,7 @@ from loom import faults
 from loom.llm import ScriptedProvider, reply, tool_calls
 from loom.storage import AppendsWithBlobs
 from loom.testing import SkippingClock
-from tests._pg import require_pg, temp_schema
+from tests.support.pg import require_pg, temp_schema
 
 pytestmark = pytest.mark.postgres
 

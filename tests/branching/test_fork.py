@@ -23,9 +23,9 @@ from loom.errors import (
 from loom.model import EventType, ExecutionStatus
 from loom.storage import InMemoryStore, SQLiteStore, TenantScopedEventStore
 from loom.testing import SkippingClock
-from tests._pg import require_pg, temp_schema
 from tests.branching import flows
 from tests.branching.flows import EFFECTS, guarded
+from tests.support.pg import require_pg, temp_schema
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

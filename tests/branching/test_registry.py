@@ -18,7 +18,7 @@ from loom.errors import RefNotFoundError
 from loom.storage import InMemoryStore, SQLiteStore
 from loom.storage.tenancy import TenantScopedEventStore
 from loom.testing import run_branch_registry_conformance
-from tests._pg import require_pg, temp_schema
+from tests.support.pg import require_pg, temp_schema
 
 _n = itertools.count()
 ROOT = Path(__file__).resolve().parents[2]

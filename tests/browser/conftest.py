@@ -22,7 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests import console_flows as cf
+from tests.support import console_flows as cf
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = os.environ.get("LOOM_CHROMIUM", "/usr/bin/chromium")
@@ -87,7 +87,7 @@ def console(tmp_path: Path) -> Iterator[Console]:
             "--db",
             str(db),
             "--app",
-            "tests.console_flows:FLOWS",
+            "tests.support.console_flows:FLOWS",
             "--port",
             str(port),
         ],

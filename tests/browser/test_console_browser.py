@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from tests.browser.conftest import ROOT, Console, shot
-from tests.console_flows import HOSTILE
+from tests.support.console_flows import HOSTILE
 
 pytestmark = pytest.mark.browser
 
@@ -110,7 +110,7 @@ def test_approve_with_identity_and_watch_live(console: Console, page: Any) -> No
         "--db",
         str(console.db),
         "--app",
-        "tests.console_flows:FLOWS",
+        "tests.support.console_flows:FLOWS",
     )
     assert out.returncode == 0, out.stdout + out.stderr
     page.wait_for_function(

@@ -24,7 +24,7 @@ from loom.orchestration import (
 )
 from loom.placement import ExecutionPackage, ExecutionResult, LocalDispatcher
 from loom.storage import SQLiteStore
-from tests.arena import Arena, ArenaWorker
+from tests.support.arena import Arena, ArenaWorker
 
 
 class Counted:

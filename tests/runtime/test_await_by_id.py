@@ -16,7 +16,7 @@ from loom.errors import ConfigurationError, ExecutionNotFoundError
 from loom.model import ExecutionStatus
 from loom.storage import SQLiteStore
 from loom.storage.postgres import PostgresStore
-from tests._pg import require_pg, temp_schema
+from tests.support.pg import require_pg, temp_schema
 
 # The driving process: starts "remote-1", waits for the go file, then completes it.
 _DRIVER = textwrap.dedent(

@@ -19,7 +19,7 @@ import pytest
 import loom
 from loom.storage import ExecutionQuery, SQLiteStore, Store
 from loom.storage.postgres import PostgresStore
-from tests._pg import require_pg, temp_schema
+from tests.support.pg import require_pg, temp_schema
 
 ROOT = Path(__file__).resolve().parents[2]
 MODES = {

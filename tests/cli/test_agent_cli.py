@@ -1,0 +1,74 @@
+"""`loom approve` / `loom reject` against an agent waiting on an approval, as a user runs them."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import loom
+from loom.model import ExecutionStatus
+from tests.support.agent_app import SUPPORT
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def loom_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("LOOM_TEST_LEDGER", None)
+    return subprocess.run(
+        [sys.executable, "-m", "loom.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env=env,
+    )
+
+
+async def _start(db: Path, eid: str) -> None:
+    async with loom.WorkflowRuntime(loom.SQLiteStore(db), timers=False) as rt:
+        rt.register(SUPPORT)
+        handle = await rt.start(SUPPORT, "Check A and B, refund o-7.", execution_id=eid)
+        state = await handle.wait_for_suspend(timeout=60)
+        assert state.waiting is not None and state.waiting.event_type == "agents.approval"
+
+
+async def _state(db: Path, eid: str) -> loom.ExecutionState:
+    async with loom.WorkflowRuntime(loom.SQLiteStore(db), timers=False) as rt:
+        state = await rt.load_state(eid)
+        assert state is not None
+        return state
+
+
+async def test_approve_from_the_cli_runs_the_tool_and_finishes(tmp_path: Path) -> None:
+    db = tmp_path / "cli.db"
+    await _start(db, "cli-1")
+    app = ["--db", str(db), "--app", "tests.support.agent_app:AGENTS"]
+    refused = loom_cli("approve", "cli-1", "--by", "mallory", *app, "--json")
+    assert refused.returncode == 1
+    assert json.loads(refused.stdout)["error"]["details"]["reason"] == "not_allowed"
+    done = loom_cli("approve", "cli-1", "--by", "alice", *app, "--json")
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout)
+    assert summary["tool"] == "refund" and summary["args"] == {"order": "o-7", "amount": 20}
+    assert summary["status"] == "completed" and summary["waiting_for"] is None
+    state = await _state(db, "cli-1")
+    assert state.status is ExecutionStatus.COMPLETED
+    assert state.output["output"] == "Both in stock; o-7 refunded."
+
+
+async def test_reject_from_the_cli_with_a_reason(tmp_path: Path) -> None:
+    db = tmp_path / "cli.db"
+    await _start(db, "cli-2")
+    app = ["--db", str(db), "--app", "tests.support.agent_app:AGENTS"]
+    done = loom_cli("reject", "cli-2", "--by", "bob", "--reason", "not eligible", *app)
+    assert done.returncode == 0, done.stderr
+    assert "rejected by bob" in done.stdout and "completed" in done.stdout
+    again = loom_cli("approve", "cli-2", "--by", "alice", *app)
+    assert again.returncode == 1 and "waits on no approval" in again.stdout
+    state = await _state(db, "cli-2")
+    resumed = [op.output for op in state.ops.values() if op.name == "agents.approval"]
+    assert resumed[0]["payload"]["reason"] == "not eligible"

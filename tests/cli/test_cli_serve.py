@@ -1,0 +1,82 @@
+"""Long-running commands for real: ``loom serve`` recovers a SIGKILLed start and wakes its
+sleep; ``loom worker serve`` logs its URL, its flows and each request."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.support.cli import LOOM, as_json, ok, write_flows
+from tests.support.cli import loom as loom_cli
+
+
+def _wait_file(path: Path, proc: subprocess.Popen[str], deadline: float) -> str:
+    while not path.exists():
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.05)
+    return path.read_text()
+
+
+def test_serve_recovers_a_killed_start_and_wakes_its_sleep(tmp_path: Path) -> None:
+    cwd = write_flows(tmp_path)
+    job = json.dumps({"table": "orders", "nap": 0})
+    killed = loom_cli(
+        "start", "guard", "--app", "flows:guard", "--id", "k1", "-i", job,
+        cwd=cwd, env={"FLOWS_KILL_IN_STEP": "1"},
+    )  # fmt: skip
+    assert killed.returncode == -signal.SIGKILL
+    state = as_json(ok(loom_cli("show", "k1", "--json", cwd=cwd)))["state"]
+    assert state["status"] == "running"  # nothing drives it now
+    node = subprocess.Popen(
+        [LOOM, "serve", "--app", "flows:flows", "--ready-file", "ready.json"],
+        cwd=cwd,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        summary = json.loads(_wait_file(cwd / "ready.json", node, time.monotonic() + 60))
+        assert summary["recovered"] == ["k1"] and summary["flows"] == ["guard", "note"]
+        deadline = time.monotonic() + 60
+        while True:  # recovered, slept, woken by the node's timers: now at the gate
+            state = as_json(ok(loom_cli("show", "k1", "--json", cwd=cwd)))["state"]
+            if (state.get("waiting") or {}).get("event_type") == "ApprovalGranted":
+                break
+            assert time.monotonic() < deadline, state
+            time.sleep(0.2)
+    finally:
+        node.send_signal(signal.SIGINT)
+        _, log = node.communicate(timeout=30)
+    assert node.returncode == 0, log
+    assert "recovered execution k1 (flow guard)" in log
+    assert "execution k1: sleep woke" in log and "stopping" in log
+    assert state["recoveries"] == 1
+
+
+def test_worker_serve_logs_its_url_flows_and_requests(tmp_path: Path) -> None:
+    pytest.importorskip("uvicorn")
+    cwd = write_flows(tmp_path)
+    worker = subprocess.Popen(
+        [LOOM, "worker", "serve", "--app", "flows:make_runtime", "--port", "0",
+         "--port-file", "port", "--token-env", "TOK"],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**__import__("os").environ, "TOK": "0123456789abcdef0123"},
+    )  # fmt: skip
+    try:
+        port = int(_wait_file(cwd / "port", worker, time.monotonic() + 60))
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=10) as answer:
+            assert answer.status == 200
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        access, log = worker.communicate(timeout=30)
+    assert f"worker serving flows guard on http://127.0.0.1:{port}" in log
+    assert "GET /healthz" in access + log  # uvicorn's access log: stdout

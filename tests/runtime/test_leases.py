@@ -1,0 +1,188 @@
+"""Liveness leases (#11 gap): holders heartbeat a lease; lease_expired judges orphans."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+import loom
+from loom.errors import ConfigurationError
+from loom.model import EventType, ExecutionStatus
+from loom.storage import InMemoryStore, LeaseStore, SQLiteStore, Store
+from loom.storage.postgres import PostgresStore
+from loom.storage.tenancy import TenantScopedEventStore
+from loom.testing import SkippingClock
+from tests.support.flows import EffectLedger
+from tests.support.pg import require_pg, temp_schema
+
+ROOT = Path(__file__).resolve().parents[2]
+BACKENDS = ["memory", "sqlite", "tenant", pytest.param("postgres", marks=pytest.mark.postgres)]
+
+
+@pytest.fixture(params=BACKENDS)
+async def lease_store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
+    if request.param == "memory":
+        yield InMemoryStore()
+    elif request.param == "sqlite":
+        store = SQLiteStore(tmp_path / "leases.db")
+        yield store
+        await store.close()
+    elif request.param == "tenant":
+        view = TenantScopedEventStore(SQLiteStore(tmp_path / "t.db"), "acme", close_store=True)
+        yield view
+        await view.close()
+    else:
+        dsn = require_pg()
+        async with temp_schema(dsn) as schema:
+            pg = await PostgresStore.open(dsn, schema=schema)
+            yield pg
+            await pg.close()
+
+
+async def test_the_lease_contract(lease_store: Store) -> None:
+    assert isinstance(lease_store, LeaseStore)
+    assert await lease_store.lease_expiry("e") is None
+    assert await lease_store.renew_lease("e", holder="a", fence=1, expires_at=100.0)
+    assert await lease_store.lease_expiry("e") == 100.0
+    assert await lease_store.renew_lease("e", holder="a", fence=1, expires_at=130.0)
+    assert await lease_store.lease_expiry("e") == 130.0
+    # A newer holder takes it; the old one (older fence, a zombie) never takes it back.
+    assert await lease_store.renew_lease("e", holder="b", fence=2, expires_at=140.0)
+    assert not await lease_store.renew_lease("e", holder="a", fence=1, expires_at=999.0)
+    assert await lease_store.lease_expiry("e") == 140.0
+    await lease_store.release_lease("e", holder="a")  # not a's any more: no effect
+    assert await lease_store.lease_expiry("e") == 140.0
+    await lease_store.release_lease("e", holder="b")
+    assert await lease_store.lease_expiry("e") is None
+    assert await lease_store.lease_expiry("other") is None
+
+
+GATE = asyncio.Event()
+
+
+@loom.step(id="waits")
+async def waits() -> int:
+    await GATE.wait()
+    return 1
+
+
+@loom.flow(id="leased", version="1")
+async def leased(ctx: loom.WorkflowContext) -> int:
+    return await ctx.run(waits)
+
+
+async def test_a_live_holder_is_not_judged_abandoned_and_a_stopped_one_is() -> None:
+    global GATE
+    GATE = asyncio.Event()
+    clock = SkippingClock()
+    store = InMemoryStore()
+    holder = loom.WorkflowRuntime(store, clock=clock, lease_ttl=0.3)
+    holder.register(leased)
+    await holder.start(leased, execution_id="l-1")
+    judge = loom.lease_expired(loom.WorkflowRuntime(store, clock=clock), grace=5)
+    state = await holder.load_state("l-1")
+    assert state is not None
+    assert not await judge(state)  # no lease yet, but its log is fresh: within the grace
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 10
+    while await store.lease_expiry("l-1") is None:  # the first beat writes the lease
+        assert loop.time() < deadline
+        await asyncio.sleep(0.005)
+    assert not await judge(state)  # live: its lease runs
+    assert holder.heartbeat is not None
+    await holder.heartbeat.stop()  # the holder freezes: nobody renews any more
+    clock.advance(0.3 + 4)
+    assert not await judge(state)  # within the grace
+    clock.advance(2)
+    assert await judge(state)  # its holder is gone
+    # A holder that stops driving releases its lease; then the idle log decides.
+    await holder.close()
+    assert await store.lease_expiry("l-1") is None
+    assert await judge(state)
+
+
+async def test_lease_expired_needs_a_store_with_leases() -> None:
+    runtime = loom.WorkflowRuntime(_Plain(InMemoryStore()))  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError):
+        loom.lease_expired(runtime, grace=1)
+
+
+class _Plain:
+    """A Store without the LeaseStore side (delegates the rest)."""
+
+    def __init__(self, inner: InMemoryStore) -> None:
+        self._inner = inner
+
+    def __getattr__(self, name: str) -> object:
+        if name in ("renew_lease", "release_lease", "lease_expiry"):
+            raise AttributeError(name)
+        return getattr(self._inner, name)
+
+
+async def test_a_frozen_holder_loses_its_lease_and_is_fenced_out_when_it_wakes(
+    tmp_path: Path,
+) -> None:
+    """SIGSTOP a holder mid-step: its lease runs out, recover_abandoned(lease_expired) takes
+    the execution over, and after SIGCONT the zombie's late write is refused."""
+    db, ledger_path, release = tmp_path / "z.db", tmp_path / "effects.db", tmp_path / "release"
+    env = {**os.environ, "LOOM_TEST_LEDGER": str(ledger_path), "PYTHONPATH": str(ROOT)}
+    child = subprocess.Popen(
+        [sys.executable, "-m", "tests.children.lease", str(db), "zombie", str(release)],
+        env=env,
+        cwd=ROOT,
+    )
+    try:
+        ledger = EffectLedger(ledger_path)
+        store = SQLiteStore(db)
+        observer = loom.WorkflowRuntime(store)
+        judge = loom.lease_expired(observer, grace=0.3)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 60
+        while ledger.counts("zombie").get("hold", 0) < 1:
+            assert loop.time() < deadline, "the child never reached the held step"
+            await asyncio.sleep(0.02)
+        state = await observer.load_state("zombie")
+        assert state is not None and state.status is ExecutionStatus.RUNNING
+        while (first := await store.lease_expiry("zombie")) is None:  # the first beat
+            assert loop.time() < deadline, "the holder never took a lease"
+            await asyncio.sleep(0.02)
+        # Alive: the holder keeps renewing, so its lease outlives its ttl and the grace many
+        # times over, and the predicate never calls it abandoned meanwhile.
+        while (await store.lease_expiry("zombie") or 0) < first + 3:
+            assert not await judge(state), "a live, renewing holder was judged abandoned"
+            assert loop.time() < deadline, "the holder never renewed its lease"
+            await asyncio.sleep(0.05)
+        child.send_signal(signal.SIGSTOP)
+        while not await judge(state):  # the lease (0.6 s) runs out, plus the grace
+            assert loop.time() < deadline, "a frozen holder's lease never expired"
+            await asyncio.sleep(0.05)
+        release.touch()  # the recovered run finishes the held step at once
+
+        import tests.children.lease as code
+
+        code.RELEASE = release
+        observer.register(code.frozen)
+        os.environ["LOOM_TEST_LEDGER"] = str(ledger_path)
+        report = await loom.recover_abandoned(observer, is_abandoned=judge, timeout=60)
+        assert report.recovered == ["zombie"]
+        assert report.outcomes["zombie"].status is ExecutionStatus.COMPLETED
+        child.send_signal(signal.SIGCONT)
+        assert child.wait(timeout=60) == 3  # the zombie learned it was superseded
+        log = await store.read("zombie")
+        completed = [e for e in log if e.type is EventType.STEP_COMPLETED]
+        assert [e.payload["step_id"] for e in completed] == ["before", "hold", "after"]
+        assert {e.fence for e in completed[1:]} == {log[-1].fence} != {completed[0].fence}
+        assert ledger.counts("zombie") == {"before": 1, "hold": 2, "after": 1}
+        await observer.close()
+    finally:
+        if child.poll() is None:
+            child.send_signal(signal.SIGCONT)
+            child.kill()
+            child.wait(timeout=30)

@@ -1,0 +1,410 @@
+"""PostgresStore: the whole conformance kit over a real server, plus what only it promises."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from loom import faults
+from loom.errors import (
+    ConfigurationError,
+    CorruptEventError,
+    DuplicateEnvelopeIdError,
+    PayloadError,
+    SchemaVersionError,
+    StorageError,
+    StorageWriteError,
+)
+from loom.storage import Snapshot, Store
+from loom.storage._postgres_commit import PostgresWriter
+from loom.storage.postgres import SCHEMA_VERSION, PostgresStore
+from loom.testing import STORE_CHECKS, run_store_check
+from loom.testing._store_conformance import env
+from tests.support.pg import require_pg, tagged_dsn, temp_schema, terminate
+
+pytestmark = pytest.mark.postgres
+
+
+@pytest.fixture
+def pg_dsn() -> str:
+    return require_pg()
+
+
+@pytest.fixture
+async def schema(pg_dsn: str) -> AsyncIterator[str]:
+    async with temp_schema(pg_dsn) as name:
+        yield name
+
+
+@pytest.fixture
+async def store(pg_dsn: str, schema: str) -> AsyncIterator[PostgresStore]:
+    s = await PostgresStore.open(pg_dsn, schema=schema)
+    try:
+        yield s
+    finally:
+        await s.close()
+
+
+VARIANTS = {
+    "coalesced": {},
+    "per-append": {"group_commit": False},
+    "no-notify": {"notify": False},
+}
+
+
+@pytest.mark.parametrize("check", sorted(STORE_CHECKS))
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+async def test_conformance(check: str, variant: str, pg_dsn: str, schema: str) -> None:
+    async def make() -> Store:
+        return await PostgresStore.open(pg_dsn, schema=schema, **VARIANTS[variant])
+
+    async def reopen(old: Store) -> Store:
+        assert isinstance(old, PostgresStore)
+        return await PostgresStore.open(pg_dsn, schema=old.schema)
+
+    await run_store_check(check, make, reopen=reopen)
+
+
+async def _xmins(dsn: str, schema: str, execution_ids: list[str]) -> set[str]:
+    """The transactions that wrote these executions' events (rows of one transaction share it)."""
+    async with await psycopg.AsyncConnection.connect(dsn) as conn:
+        cur = await conn.execute(
+            f'SELECT DISTINCT xmin::text FROM "{schema}".events WHERE execution_id = ANY(%s)',
+            (execution_ids,),
+        )
+        return {r[0] for r in await cur.fetchall()}
+
+
+async def _exec(dsn: str, sql: str, params: tuple[Any, ...] = ()) -> None:
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await conn.execute(sql, params)
+
+
+# ---------------------------------------------------------------- schema and opening
+
+
+async def test_constructor_is_cheap_and_opens_lazily(pg_dsn: str, schema: str) -> None:
+    store = PostgresStore(pg_dsn, schema=schema)  # no I/O yet
+    try:
+        fence = await store.acquire_fence("lazy")
+        await store.append([env("lazy", 0, fence)])
+        assert await store.last_sequence("lazy") == 0
+    finally:
+        await store.close()
+        await store.close()  # idempotent
+
+
+async def test_bad_schema_name_is_a_configuration_error(pg_dsn: str) -> None:
+    for bad in ["Loom", "a-b", 'x"; DROP', "", "x" * 64]:
+        with pytest.raises(ConfigurationError):
+            PostgresStore(pg_dsn, schema=bad)
+
+
+async def test_unreachable_server_is_a_storage_error() -> None:
+    with pytest.raises(StorageError, match="cannot open"):
+        await PostgresStore.open("postgresql://postgres@127.0.0.1:1/none", connect_timeout=1)
+
+
+async def test_concurrent_first_opens_create_the_schema_once(pg_dsn: str, schema: str) -> None:
+    stores = await asyncio.gather(*(PostgresStore.open(pg_dsn, schema=schema) for _ in range(6)))
+    try:
+        fence = await stores[0].acquire_fence("shared")
+        await stores[1].append([env("shared", 0, fence)])
+        assert [await s.last_sequence("shared") for s in stores] == [0] * 6
+    finally:
+        await asyncio.gather(*(s.close() for s in stores))
+
+
+async def test_newer_schema_version_is_refused(pg_dsn: str, schema: str) -> None:
+    first = await PostgresStore.open(pg_dsn, schema=schema)
+    await first.close()
+    await _exec(
+        pg_dsn,
+        f"UPDATE \"{schema}\".meta SET value = %s WHERE key = 'schema_version'",
+        (str(SCHEMA_VERSION + 1),),
+    )
+    with pytest.raises(SchemaVersionError, match=f"version {SCHEMA_VERSION + 1}"):
+        await PostgresStore.open(pg_dsn, schema=schema)
+
+
+async def test_drop_schema_removes_everything(pg_dsn: str, schema: str) -> None:
+    store = await PostgresStore.open(pg_dsn, schema=schema)
+    await store.close()
+    await PostgresStore.drop_schema(pg_dsn, schema)
+    await PostgresStore.drop_schema(pg_dsn, schema)  # idempotent
+    async with await psycopg.AsyncConnection.connect(pg_dsn) as conn:
+        cur = await conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (schema,))
+        assert await cur.fetchone() is None
+
+
+# ---------------------------------------------------------------- records
+
+
+async def test_corrupt_record_is_refused_and_others_continue(
+    store: PostgresStore, pg_dsn: str
+) -> None:
+    for execution_id in ("victim", "bystander"):
+        fence = await store.acquire_fence(execution_id)
+        await store.append([env(execution_id, 0, fence), env(execution_id, 1, fence)])
+    await _exec(
+        pg_dsn,
+        f'UPDATE "{store.schema}".events SET payload = %s '
+        "WHERE execution_id = 'victim' AND sequence = 1",
+        ('{"position":1,"step_id":"s","output":2}',),
+    )
+    with pytest.raises(CorruptEventError) as info:
+        await store.read("victim")
+    assert info.value.execution_id == "victim"
+    assert len(await store.read("bystander")) == 2
+    await store.save_snapshot(Snapshot("victim", 1, {"n": 1}))
+    await _exec(pg_dsn, f'UPDATE "{store.schema}".snapshots SET state = \'{{"n": 2}}\'')
+    with pytest.raises(CorruptEventError):
+        await store.load_snapshot("victim")
+
+
+async def test_nul_characters_are_refused_before_anything_is_stored(store: PostgresStore) -> None:
+    with pytest.raises(PayloadError):
+        await store.acquire_fence("bad\x00id")
+    fence = await store.acquire_fence("ok")
+    with pytest.raises(PayloadError):
+        await store.append([env("ok", 0, fence, envelope_id="e\x00")])
+    with pytest.raises(PayloadError):
+        await store.append([env("ok", 0, fence, payload={"s": "\ud800"})])
+    assert await store.read("bad\x00id") == []
+    assert await store.last_sequence("bad\x00id") == -1
+    assert await store.current_fence("bad\x00id") == 0
+    await store.append([env("ok", 0, fence)])
+    assert [i async for i in store.iterate_execution_ids(after="o\x00k")] == ["ok"]
+
+
+async def test_enumeration_is_code_point_order(store: PostgresStore) -> None:
+    ids = ["b", "B", "é", "a", "a-1", "a:1", "Z", "ä", "日本"]
+    for execution_id in ids:
+        fence = await store.acquire_fence(execution_id)
+        await store.append([env(execution_id, 0, fence)])
+    assert [i async for i in store.iterate_execution_ids(page_size=3)] == sorted(ids)
+
+
+# ---------------------------------------------------------------- group commit
+
+
+async def test_concurrent_appends_share_transactions(pg_dsn: str, schema: str) -> None:
+    ids = [f"gc-{i:02d}" for i in range(40)]
+    for group_commit, most in [(True, 4), (False, None)]:
+        store = await PostgresStore.open(pg_dsn, schema=schema, group_commit=group_commit)
+        try:
+            keys = [f"{group_commit}-{i}" for i in ids]
+            fences = await asyncio.gather(*(store.acquire_fence(k) for k in keys))
+            await asyncio.gather(
+                *(store.append([env(k, 0, f)]) for k, f in zip(keys, fences, strict=True))
+            )
+            xmins = await _xmins(pg_dsn, schema, keys)
+            if most is None:
+                assert len(xmins) == len(keys)  # one transaction per append
+            else:
+                assert len(xmins) <= most, xmins
+        finally:
+            await store.close()
+
+
+async def test_a_raising_request_fails_alone_in_its_batch(store: PostgresStore) -> None:
+    """A duplicate envelope id makes its statement raise: the batch is replayed with one
+    savepoint per request, so only that caller is refused."""
+    taken_fence = await store.acquire_fence("taken")
+    await store.append([env("taken", 0, taken_fence, envelope_id="the-id")])
+    good = [f"good-{i}" for i in range(8)]
+    fences = await asyncio.gather(*(store.acquire_fence(i) for i in [*good, "dup"]))
+    results = await asyncio.gather(
+        store.append([env("dup", 0, fences[-1], envelope_id="the-id")]),
+        *(store.append([env(i, 0, f)]) for i, f in zip(good, fences, strict=False)),
+        return_exceptions=True,
+    )
+    assert isinstance(results[0], DuplicateEnvelopeIdError), results[0]
+    assert results[0].execution_id == "dup"
+    assert results[1:] == [None] * len(good)
+    assert await store.last_sequence("dup") == -1
+    for i in good:
+        assert await store.last_sequence(i) == 0
+
+
+async def test_a_failed_commit_fails_every_caller_and_writes_nothing(
+    store: PostgresStore,
+) -> None:
+    ids = [f"doomed-{i}" for i in range(6)]
+    fences = await asyncio.gather(*(store.acquire_fence(i) for i in ids))
+    faults.arm("before_commit", faults.Raise())
+    results = await asyncio.gather(
+        *(store.append([env(i, 0, f)]) for i, f in zip(ids, fences, strict=True)),
+        return_exceptions=True,
+    )
+    assert all(isinstance(r, StorageWriteError) for r in results), results
+    assert len({id(r) for r in results}) == 1  # one error for the whole batch
+    assert isinstance(results[0].__cause__, faults.InjectedFaultError)
+    for i in ids:
+        assert await store.read(i) == []
+    await asyncio.gather(*(store.append([env(i, 0, f)]) for i, f in zip(ids, fences, strict=True)))
+
+
+async def test_connection_killed_before_commit_fails_the_batch_and_recovers(
+    pg_dsn: str, schema: str
+) -> None:
+    tag = f"loom-kill-{schema}"
+    store = await PostgresStore.open(tagged_dsn(pg_dsn, tag), schema=schema)
+    try:
+        ids = [f"cut-{i}" for i in range(5)]
+        fences = await asyncio.gather(*(store.acquire_fence(i) for i in ids))
+        killed: list[int] = []
+        # Terminate the store's sessions while the batch's rows are written but not committed.
+        faults.arm("before_commit", lambda point: killed.append(terminate(pg_dsn, tag)))
+        results = await asyncio.gather(
+            *(store.append([env(i, 0, f)]) for i, f in zip(ids, fences, strict=True)),
+            return_exceptions=True,
+        )
+        assert killed and killed[0] >= 1
+        assert all(isinstance(r, StorageWriteError) for r in results), results
+        assert "nothing was written" in str(results[0])
+        for i in ids:
+            assert await store.last_sequence(i) == -1
+        # The same process goes on: the pool replaces its dead connections.
+        await _eventually(
+            lambda: asyncio.gather(
+                *(store.append([env(i, 0, f)]) for i, f in zip(ids, fences, strict=True))
+            )
+        )
+        for i in ids:
+            assert await store.last_sequence(i) == 0
+    finally:
+        await store.close()
+
+
+async def test_lost_ack_after_a_durable_commit_is_resolved_as_success(
+    store: PostgresStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """COMMIT reached the server but its answer was lost: the store checks, and acknowledges."""
+    original = PostgresWriter._commit
+
+    async def commit_then_lose(self: PostgresWriter, conn: Any, batch: Any) -> bool:
+        await conn.execute("COMMIT")
+        await conn.close()
+        return await self._resolve(batch, psycopg.OperationalError("answer to COMMIT lost"))
+
+    ids = [f"acked-{i}" for i in range(4)]
+    fences = await asyncio.gather(*(store.acquire_fence(i) for i in ids))
+    monkeypatch.setattr(PostgresWriter, "_commit", commit_then_lose)
+    await asyncio.gather(*(store.append([env(i, 0, f)]) for i, f in zip(ids, fences, strict=True)))
+    monkeypatch.setattr(PostgresWriter, "_commit", original)
+    for i in ids:
+        assert await store.last_sequence(i) == 0
+
+
+async def test_lost_commit_is_resolved_as_nothing_written(
+    store: PostgresStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def rollback_then_lose(self: PostgresWriter, conn: Any, batch: Any) -> bool:
+        await conn.execute("ROLLBACK")
+        await conn.close()
+        return await self._resolve(batch, psycopg.OperationalError("connection lost"))
+
+    ids = [f"lost-{i}" for i in range(4)]
+    fences = await asyncio.gather(*(store.acquire_fence(i) for i in ids))
+    monkeypatch.setattr(PostgresWriter, "_commit", rollback_then_lose)
+    results = await asyncio.gather(
+        *(store.append([env(i, 0, f)]) for i, f in zip(ids, fences, strict=True)),
+        return_exceptions=True,
+    )
+    monkeypatch.undo()
+    assert all(isinstance(r, StorageWriteError) for r in results), results
+    assert "nothing was written" in str(results[0])
+    for i in ids:
+        assert await store.last_sequence(i) == -1
+
+
+async def _eventually(action: Any, deadline: float = 20.0) -> Any:
+    """Retry ``action`` until it stops raising StorageError (polling with a deadline)."""
+    end = time.monotonic() + deadline
+    while True:
+        try:
+            return await action()
+        except StorageError:
+            if time.monotonic() > end:
+                raise
+        await asyncio.sleep(0.05)
+
+
+# ---------------------------------------------------------------- LISTEN / NOTIFY
+
+
+async def test_wait_for_append_is_woken_by_another_process_store(pg_dsn: str, schema: str) -> None:
+    """Two stores share nothing but the database: the waiter is woken by NOTIFY (its safety
+    poll is set far beyond the test's deadline)."""
+    writer = await PostgresStore.open(pg_dsn, schema=schema)
+    waiter = await PostgresStore.open(pg_dsn, schema=schema, safety_poll_interval=3600)
+    try:
+        fence = await writer.acquire_fence("far")
+        await writer.append([env("far", 0, fence)])
+        waiting = asyncio.ensure_future(waiter.wait_for_append("far", 0, timeout=30))
+        await _until(lambda: waiter._listening.is_set() and "far" in waiter._waiting)
+        await writer.append([env("far", 1, fence)])
+        assert await asyncio.wait_for(waiting, 10) == 1
+    finally:
+        await writer.close()
+        await waiter.close()
+
+
+async def test_listener_reconnects_after_its_session_is_terminated(
+    pg_dsn: str, schema: str
+) -> None:
+    tag = f"loom-listen-{schema}"
+    writer = await PostgresStore.open(pg_dsn, schema=schema)
+    waiter = await PostgresStore.open(
+        tagged_dsn(pg_dsn, tag), schema=schema, safety_poll_interval=3600
+    )
+    try:
+        fence = await writer.acquire_fence("re")
+        await writer.append([env("re", 0, fence)])
+        assert await waiter.wait_for_append("re", 0, timeout=0.01) == 0  # starts the listener
+        assert terminate(pg_dsn, tag) >= 1
+        waiting = asyncio.ensure_future(waiter.wait_for_append("re", 0, timeout=30))
+        await _until(lambda: waiter._listening.is_set() and "re" in waiter._waiting)
+        await writer.append([env("re", 1, fence)])
+        assert await asyncio.wait_for(waiting, 10) == 1
+    finally:
+        await writer.close()
+        await waiter.close()
+
+
+async def _until(predicate: Any, deadline: float = 10.0) -> None:
+    end = time.monotonic() + deadline
+    while not predicate():
+        assert time.monotonic() < end, "condition not reached before the deadline"
+        await asyncio.sleep(0.005)
+
+
+async def test_reads_survive_terminated_pool_connections(pg_dsn: str, schema: str) -> None:
+    tag = f"loom-reads-{schema}"
+    store = await PostgresStore.open(tagged_dsn(pg_dsn, tag), schema=schema, pool_min=2)
+    try:
+        fence = await store.acquire_fence("r")
+        await store.append([env("r", 0, fence)])
+        assert terminate(pg_dsn, tag) >= 1
+        assert [e.sequence for e in await store.read("r")] == [0]  # retried on a fresh one
+    finally:
+        await store.close()
+
+
+async def test_bound_to_its_event_loop(pg_dsn: str, schema: str) -> None:
+    store = await PostgresStore.open(pg_dsn, schema=schema)
+    try:
+        await asyncio.to_thread(_expect_other_loop_refused, store)
+    finally:
+        await store.close()
+
+
+def _expect_other_loop_refused(store: PostgresStore) -> None:
+    with pytest.raises(ConfigurationError, match="event loop"):
+        asyncio.run(store.last_sequence("x"))
