@@ -48,6 +48,7 @@ from loom.model import (
     register_event,
     replay,
 )
+from loom.runtime._cancel import DEADLINE_KEY, DEADLINE_POSITION
 from loom.storage import BranchRef, BranchRegistry, Snapshot, Timer
 from loom.storage._branches import check_ref_name, promoted, put_conflict
 
@@ -248,10 +249,17 @@ async def fork(
             # racing for one new name can both write; the loser's put_ref then refuses and
             # its execution stays, unnamed: harmless, and listed by `children`.)
             put_conflict(taken, eid, state.last_sequence)
-    if timer is not None and runtime._timer_store is not None:
+    if runtime._timer_store is not None:
         # Stored before the wait is logged, as every timer is: a crash in between leaves a
         # timer that finds nothing (harmless), never a wait nothing ends.
-        await runtime._schedule_timer(timer)
+        if timer is not None:
+            await runtime._schedule_timer(timer)
+        deadline_at = parent_state.metadata.get(DEADLINE_KEY)
+        if isinstance(deadline_at, int | float):
+            # The execution's own deadline (start(deadline=...)) binds its branches too.
+            await runtime._timer_store.schedule_timer(
+                Timer(eid, DEADLINE_POSITION, float(deadline_at), "deadline", state.flow_id)
+            )
     await store.take_over(envelopes, from_fence=0)
     try:
         await store.save_snapshot(Snapshot(eid, state.last_sequence, state.to_dict()))
