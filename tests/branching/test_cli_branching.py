@@ -11,9 +11,9 @@ import pytest
 import loom
 from loom.errors import GateSupersededError
 from loom.storage import SQLiteStore
-from tests._cli import as_json, json_error, ok, one_line_error
-from tests._cli import loom as loom_cmd
 from tests.branching.flows import guarded
+from tests.support.cli import as_json, json_error, ok, one_line_error
+from tests.support.cli import loom as loom_cmd
 
 
 async def _parent(db: Path) -> int:

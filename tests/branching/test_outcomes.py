@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _child(db: Path, work: Path, mode: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "tests.branching.decision_child", str(db), str(work), mode],
+        [sys.executable, "-m", "tests.children.decision", str(db), str(work), mode],
         cwd=ROOT,
         env={**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'src'}"},
         capture_output=True,

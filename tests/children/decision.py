@@ -1,4 +1,4 @@
-"""A child for the decision crash test: `python -m tests.branching.decision_child DB DIR MODE`.
+"""A child for the decision crash test: `python -m tests.children.decision DB DIR MODE`.
 
 The policy appends a line to DIR/select.log every time it is consulted. The step after the
 decision SIGKILLs this process the first time it runs (DIR/killed marks that it did), so the
