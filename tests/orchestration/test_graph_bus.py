@@ -3,6 +3,7 @@ bus's lifecycle: several gates, idempotent decisions, cancel, the update stream,
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from loom.orchestration import (
     TaskState,
     TaskTerminalError,
     UnknownAgentError,
+    cancel_graph,
     execute_graph,
 )
 from loom.placement import ExecutionPackage, ExecutionResult, LocalDispatcher, LocalWorkerRuntime
@@ -211,3 +213,36 @@ async def test_a_parent_waiting_on_its_child_is_working_not_input_required(
     await bus.send("two-gates", {"ok": True}, task_id="child-of-t5")
     done = await bus.wait("t5", timeout=30)
     assert done.state is TaskState.COMPLETED and done.output["votes"] == [True, True]
+
+
+held = asyncio.Event()
+let_go = asyncio.Event()
+
+
+@loom.step(id="held")
+async def held_step() -> str:
+    held.set()
+    await let_go.wait()
+    return "never"
+
+
+@loom.flow(id="holding", version="1")
+async def holding(ctx: loom.WorkflowContext) -> str:
+    return await ctx.run(held_step)
+
+
+async def test_cancel_while_a_node_runs(runtime: loom.WorkflowRuntime) -> None:
+    held.clear()
+    runtime.register(holding)
+    graph = Graph(
+        [Node("a", num, constant=1), Node("b", holding, deps=("a",)), Node("c", num, deps=("b",))]
+    )
+    run = asyncio.ensure_future(
+        execute_graph(Recording(runtime), graph, None, store=runtime.store, run_id="cx")
+    )
+    await held.wait()  # node b is inside its step
+    states = await cancel_graph(runtime, graph, "cx", "stop")
+    assert states == {"a": TaskState.COMPLETED, "b": TaskState.CANCELED}
+    result = await asyncio.wait_for(run, 30)
+    assert result.status == "cancelled" and result.not_started == ("c",)
+    assert await runtime.load_state("cx.c") is None

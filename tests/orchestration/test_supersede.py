@@ -22,7 +22,12 @@ from loom.orchestration import (
     card_for,
     execute_graph,
 )
-from loom.placement import ExecutionPackage, ExecutionResult, LocalDispatcher
+from loom.placement import (
+    ExecutionPackage,
+    ExecutionResult,
+    LocalDispatcher,
+    is_superseded_refusal,
+)
 from loom.storage import SQLiteStore
 from tests.support.arena import Arena, ArenaWorker
 
@@ -122,3 +127,20 @@ async def test_graph_without_a_store_says_it_cannot_await(arena: Arena) -> None:
             arena, execute_graph(disp_a, graph, None, run_id="run-2"), "run-2.pay", disp_b
         )
     assert caught.value.execution_id == "run-2.pay" and "store=" in str(caught.value)
+
+
+async def test_reverting_the_await_by_id_reports_the_refusal_as_failure(
+    arena: Arena, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Mutation check: without the bus's await-by-id, the caller sees the refusal."""
+    import loom.orchestration._bus as bus_module
+
+    monkeypatch.setattr(bus_module, "is_superseded_refusal", lambda err, eid: False)
+    disp_a, disp_b, rt_a = _pair(arena)
+    bus = InProcessA2ABus(rt_a, disp_a)
+    bus.register(arena.flow, card_for(arena.flow, name="payer"))
+    with pytest.raises(Exception) as caught:
+        await _duplicate_after_bootstrap(
+            arena, bus.send("payer", None, task_id="pay-9"), "pay-9", disp_b
+        )
+    assert is_superseded_refusal(caught.value, "pay-9")

@@ -10,7 +10,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import pydantic
 
-from loom.errors import ExecutionAlreadyExistsError
+from loom.errors import ExecutionAlreadyExistsError, FlowNotFoundError
 from loom.orchestration._cards import AgentCard
 from loom.orchestration._errors import GraphValidationError, PlanValidationError
 from loom.orchestration._graph import Graph, GraphRun, Node, NodeRun, execute_graph
@@ -142,7 +142,7 @@ async def record_plan(runtime: WorkflowRuntime, plan: Plan, run_id: str) -> None
     was planned before any step ran. Idempotent for the same run id."""
     try:
         runtime.get_flow(_plan_record.id)
-    except Exception:
+    except FlowNotFoundError:
         runtime.register(_plan_record)
     try:
         handle = await runtime.start(
