@@ -28,7 +28,7 @@ from google.protobuf import json_format
 import loom
 from loom.model import EventType
 from loom.storage import SQLiteStore
-from tests.orchestration import scenario
+from tests.support import orchestration as scenario
 
 ROOT = Path(__file__).resolve().parents[2]
 DEADLINE = 30.0
@@ -55,7 +55,7 @@ class Server:
         }
         log = open(self.tmp / f"server-{self.starts}.log", "wb")  # noqa: SIM115
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.orchestration.a2a_child", "--port-file",
+            [sys.executable, "-m", "tests.children.a2a_server", "--port-file",
              str(port_file), "--agent", self.agent],
             env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
         )  # fmt: skip

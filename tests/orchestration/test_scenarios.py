@@ -32,9 +32,9 @@ from loom.orchestration import (
 )
 from loom.placement import ExecutionDispatcher, LocalDispatcher, LocalWorkerRuntime
 from loom.storage import SQLiteStore
-from tests.orchestration import scenario
-from tests.orchestration.scenario import APPROVE, REJECT
-from tests.orchestration.workers import Workers
+from tests.support import orchestration as scenario
+from tests.support.orchestration import APPROVE, REJECT
+from tests.support.orchestration_workers import Workers
 
 
 @dataclass

@@ -49,7 +49,7 @@ class Workers:
             log = open(self.tmp / f"worker-{index}.log", "wb")  # noqa: SIM115 - the child owns it
             args = [
                 sys.executable, "-m", "loom.cli._worker", "serve",
-                "--app", "tests.orchestration.scenario:make_runtime",
+                "--app", "tests.support.orchestration:make_runtime",
                 "--host", "127.0.0.1", "--port", "0", "--port-file", str(port_file),
                 "--token-env", "LOOM_TEST_WORKER_TOKEN",
                 "--drain-timeout", "2", "--log-level", "warning",

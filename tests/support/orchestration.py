@@ -1,5 +1,5 @@
 """The orchestration scenario's agents, served in-process and by HTTP worker processes
-(``--app tests.orchestration.scenario:make_runtime``).
+(``--app tests.support.orchestration:make_runtime``).
 
 Three agents on ScriptedProvider (no network): ``research`` answers with facts, ``review``
 asks to ``publish`` (a tool behind an approval gate) and, when the operator rejects it,

@@ -1,4 +1,4 @@
-"""An A2A server process for the edge's tests: ``python -m tests.orchestration.a2a_child
+"""An A2A server process for the edge's tests: ``python -m tests.children.a2a_server
 --port-file F --agent NAME``, over the SQLite store ``LOOM_TEST_DB``.
 
 Serves the scenario's agents plus ``slow`` (before -> hold -> after; ``hold`` records its
@@ -20,7 +20,7 @@ import loom
 from loom.orchestration import InProcessA2ABus
 from loom.orchestration.a2a import create_a2a_app
 from loom.storage import SQLiteStore
-from tests.orchestration import scenario
+from tests.support import orchestration as scenario
 
 
 @loom.step(id="before")
