@@ -23,10 +23,7 @@ from loom.placement.http import (
     create_worker_app,
 )
 from loom.storage import InMemoryStore, SQLiteStore
-from tests.placement.http import test_http_worker as hw
-from tests.placement.http.test_http_worker import BASE, Effects, Rig, _flows, pkg
-
-rig = hw.rig  # the worker-app fixture of the HTTP worker tests
+from tests.support.http_rig import BASE, Effects, Rig, pkg, rig_flows
 
 
 async def test_a_loser_whose_rival_finished_gets_the_superseded_409(rig: Rig) -> None:
@@ -49,7 +46,7 @@ async def test_an_attempt_stopped_at_the_drain_deadline_stops_running(tmp_path: 
     effects = Effects()
     gate = asyncio.Event()
     runtime = loom.WorkflowRuntime(SQLiteStore(tmp_path / "drain.db"))
-    runtime.register(*_flows(effects, gate))
+    runtime.register(*rig_flows(effects, gate))
     app = create_worker_app(runtime, auth=NoAuth(), drain_timeout=0.2, close_runtime=False)
     service = app.state.loom_worker
     async with (
@@ -83,7 +80,7 @@ BAD_IDS = ["new\nline", "nul\x00", "esc\x1b[31m", "sep\u2028arator"]
 async def test_a_malformed_execution_id_takes_no_fence(bad: str) -> None:
     store = InMemoryStore()
     runtime = loom.WorkflowRuntime(store)
-    runtime.register(*_flows(Effects(), asyncio.Event()))
+    runtime.register(*rig_flows(Effects(), asyncio.Event()))
     app = create_worker_app(runtime, auth=NoAuth())
     body = json.dumps(pkg("placeholder").to_dict()).replace("placeholder", json.dumps(bad)[1:-1])
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url=BASE) as c:
