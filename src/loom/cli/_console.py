@@ -248,7 +248,9 @@ def console_command(
         flows = base.load_flows(flows_app) if flows_app else []
         config = ConsoleConfig(host=host, token=os.environ.get("LOOM_CONSOLE_TOKEN") or None)
         config.check_binding()
-        application = create_app(open_store(db, url), flows, config=config)
+        from loom.console import branch_pages
+
+        application = create_app(open_store(db, url), flows, config=config, pages=branch_pages())
     except LoomError as exc:
         _fail(exc, False)
         return

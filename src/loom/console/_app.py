@@ -30,12 +30,17 @@ from loom.console._views import (
     step_rows,
 )
 from loom.errors import (
+    BranchError,
     ConfigurationError,
+    ExecutionAlreadyExistsError,
     ExecutionNotFoundError,
+    ForkError,
     GateTimedOutError,
+    InvalidRefNameError,
     LoomError,
     NotWaitingError,
     PayloadError,
+    RefNotFoundError,
     ResumeValidationError,
 )
 from loom.model import ExecutionStatus
@@ -61,6 +66,10 @@ class ConsolePage:
     path: str
     title: str
     endpoint: Callable[[Request], Awaitable[Response]]
+    #: HTTP methods it answers (a form's POST target: check ``check_csrf`` in it).
+    methods: tuple[str, ...] = ("GET",)
+    #: Whether it appears in the nav (a POST target does not).
+    nav: bool = True
 
 
 def error_status(exc: LoomError) -> int:
@@ -70,7 +79,14 @@ def error_status(exc: LoomError) -> int:
         return 403
     if isinstance(exc, (ResumeValidationError, PayloadError)):
         return 422
-    if isinstance(exc, (NotWaitingError, GateTimedOutError)):
+    if isinstance(exc, InvalidRefNameError):
+        return 400
+    if isinstance(exc, RefNotFoundError):
+        return 404
+    if isinstance(
+        exc,
+        (NotWaitingError, GateTimedOutError, ForkError, BranchError, ExecutionAlreadyExistsError),
+    ):
         return 409
     if isinstance(exc, ConfigurationError):
         return 400
@@ -92,7 +108,7 @@ class _Renderer:
     def __init__(self, pages: Sequence[ConsolePage]) -> None:
         self.env = _environment()
         self.nav = [("/executions", "Executions"), ("/gates", "Gates")] + [
-            (p.path, p.title) for p in pages
+            (p.path, p.title) for p in pages if p.nav
         ]
 
     def __call__(
@@ -312,7 +328,7 @@ def create_app(
         Route("/executions/{execution_id:str}/recover", recover, methods=["POST"]),
         Route("/gates", gates_page),
         *_api.routes(),
-        *(Route(p.path, p.endpoint) for p in pages),
+        *(Route(p.path, p.endpoint, methods=list(p.methods)) for p in pages),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
     ]
     hosts = [*config.allowed_hosts, config.host]
