@@ -224,6 +224,15 @@ def worker_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGKILL me when the process that started me dies (however
+    it dies: a SIGKILL gives it no chance to stop its workers)."""
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+
+
 class WorkerProcess:
     """One ``loom worker serve`` process for an example's app, on 127.0.0.1 and a free port."""
 
@@ -243,7 +252,12 @@ class WorkerProcess:
         ]  # fmt: skip
         with open(self.log, "wb") as out:
             self.popen = subprocess.Popen(
-                args, env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT
+                args,
+                env=env,
+                cwd=ROOT,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                preexec_fn=_die_with_parent if sys.platform == "linux" else None,
             )
         self.url = ""
 
@@ -277,15 +291,19 @@ class WorkerProcess:
 
 
 @asynccontextmanager
-async def remote_dispatcher(urls: Sequence[str]) -> AsyncIterator[ExecutionDispatcher]:
-    """A dispatcher over HTTP workers: the first that answers takes each package."""
+async def remote_dispatcher(
+    urls: Sequence[str], *, max_attempts: int = 1
+) -> AsyncIterator[ExecutionDispatcher]:
+    """A dispatcher over HTTP workers: the first that answers takes each package; with
+    ``max_attempts`` > 1 a failed attempt (a worker died mid-request) is redispatched, to the
+    next worker when that one is gone, which continues the execution from the store."""
     from loom.placement.http import FailoverWorkerRuntime, RemoteWorkerRuntime
 
     token = worker_env()[WORKER_TOKEN_ENV]
     remotes = [RemoteWorkerRuntime(url, token=token, timeout=120) for url in urls]
     worker: Any = remotes[0] if len(remotes) == 1 else FailoverWorkerRuntime(remotes)
     try:
-        yield LocalDispatcher(worker)
+        yield LocalDispatcher(worker, max_attempts=max_attempts)
     finally:
         for remote in remotes:
             await remote.close()
@@ -293,17 +311,31 @@ async def remote_dispatcher(urls: Sequence[str]) -> AsyncIterator[ExecutionDispa
 
 @asynccontextmanager
 async def http_placement(
-    runtime: loom.WorkflowRuntime, app: str, *, workers: int = 1, workdir: Path | None = None
+    runtime: loom.WorkflowRuntime,
+    app: str,
+    *,
+    workers: int = 1,
+    workdir: Path | None = None,
+    max_attempts: int = 1,
+    first_worker_faults: str | None = None,
 ) -> AsyncIterator[Placement]:
     """Executions run in ``workers`` HTTP worker processes serving ``app`` (module:factory)
-    over the same store and ledger as this process (the environment tells them where)."""
+    over the same store and ledger as this process (the environment tells them where).
+    ``first_worker_faults`` arms the first worker with ``LOOM_FAULTS`` (a crash demo)."""
     own = workdir is None
     folder = Path(tempfile.mkdtemp(prefix="loom-example-")) if own else workdir
     assert folder is not None
-    procs = [WorkerProcess(app, folder, f"worker-{i}", worker_env()) for i in range(workers)]
+    procs = []
+    for i in range(workers):
+        env = (
+            worker_env(LOOM_FAULTS=first_worker_faults)
+            if i == 0 and first_worker_faults
+            else worker_env()
+        )
+        procs.append(WorkerProcess(app, folder, f"worker-{i}", env))
     try:
         urls = [await p.ready() for p in procs]
-        async with runtime, remote_dispatcher(urls) as dispatcher:
+        async with runtime, remote_dispatcher(urls, max_attempts=max_attempts) as dispatcher:
             yield Placement("http", runtime, dispatcher, [p.popen for p in procs])
     finally:
         for p in procs:

@@ -1,0 +1,1 @@
+"""The DB command center as an HTTP service (see README.md)."""
