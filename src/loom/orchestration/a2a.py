@@ -28,14 +28,20 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from a2a.types import a2a_pb2 as pb
-from google.protobuf import json_format  # type: ignore[import-untyped]
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.routing import Route
+try:
+    from a2a.types import a2a_pb2 as pb
+    from google.protobuf import json_format  # type: ignore[import-untyped]
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse, Response, StreamingResponse
+    from starlette.routing import Route
+except ModuleNotFoundError as exc:  # pragma: no cover - depends on the install
+    raise ImportError(
+        f"loom.orchestration.a2a needs the 'a2a' extra ({exc.name} is missing): "
+        "pip install 'loom-runtime[a2a]'"
+    ) from exc
 
-from loom.errors import ResumeValidationError
+from loom.errors import ResumeError
 from loom.model import ExecutionState
 from loom.orchestration._bus import InProcessA2ABus
 from loom.orchestration._errors import TaskNotFoundError, TaskTerminalError
@@ -252,7 +258,7 @@ def create_a2a_app(
             )
         except TaskTerminalError as exc:
             raise _RpcError("unsupported_operation", exc.message) from exc
-        except ResumeValidationError as exc:
+        except ResumeError as exc:  # a malformed or refused decision: nothing recorded
             raise _RpcError("invalid_params", exc.message) from exc
 
     async def send_message(params: Any) -> dict[str, Any]:
