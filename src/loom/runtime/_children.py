@@ -111,6 +111,17 @@ def child_ids(state: ExecutionState) -> list[str]:
     ]
 
 
+def refuse_outside_answer(execution_id: str, event_type: str) -> None:
+    """A wait for a child is answered by the child's end only, never by a resume or send."""
+    if isinstance(event_type, str) and event_type.startswith(CHILD_GATE_PREFIX):
+        raise NotWaitingError(
+            f"{event_type!r} is execution {execution_id!r}'s wait for child "
+            f"{event_type[len(CHILD_GATE_PREFIX) :]!r}: only that child's end answers it",
+            execution_id=execution_id,
+            hint="Resume or cancel the child itself",
+        )
+
+
 def _gate(child_id: str) -> str:
     return CHILD_GATE_PREFIX + child_id
 
@@ -272,7 +283,7 @@ async def _start(
         except ExecutionAlreadyExistsError:
             # Started before the parent's record of it (a crash in between), or the caller's
             # id is taken: it is this parent's child only if it runs that flow for it.
-            await _adopt(rt, child_id, flow, parent_id)
+            await _adopt(rt, child_id, flow, parent_id, pos)
     else:
         await _dispatch(rt, dispatcher, flow, encoded, child_id, metadata)
     # Written with the parent's next append (before any wait and before its outcome): the
@@ -280,17 +291,24 @@ async def _start(
     ctx._driver.pending_records.append(ChildStarted(pos, child_id, flow.id, flow.version))
 
 
-async def _adopt(rt: WorkflowRuntime, child_id: str, flow: Flow[Any, Any], parent_id: str) -> None:
+async def _adopt(
+    rt: WorkflowRuntime, child_id: str, flow: Flow[Any, Any], parent_id: str, pos: int
+) -> None:
     state = await rt.load_state(child_id)
     if state is None:
         raise ExecutionNotFoundError(  # pragma: no cover - exists was just reported
             f"child {child_id!r} vanished", execution_id=parent_id
         )
-    if state.flow_id != flow.id or state.metadata.get(PARENT_KEY) != parent_id:
+    if (
+        state.flow_id != flow.id
+        or state.metadata.get(PARENT_KEY) != parent_id
+        or state.metadata.get(PARENT_POSITION_KEY) != pos
+    ):
         raise ExecutionAlreadyExistsError(
             f"execution {parent_id!r} cannot start child {child_id!r}: that id is taken by "
             f"another execution (flow {state.flow_id!r}, parent "
-            f"{state.metadata.get(PARENT_KEY)!r})",
+            f"{state.metadata.get(PARENT_KEY)!r} at position "
+            f"{state.metadata.get(PARENT_POSITION_KEY)!r})",
             execution_id=parent_id,
             hint="Pass another execution_id to the child, or none for a derived one",
         )
@@ -311,7 +329,8 @@ async def _dispatch(
     from loom.placement._wire import ExecutionPackage
 
     if await rt.store.last_sequence(child_id) >= 0:
-        await _adopt(rt, child_id, flow, str(metadata[PARENT_KEY]))
+        pos = int(metadata[PARENT_POSITION_KEY])
+        await _adopt(rt, child_id, flow, str(metadata[PARENT_KEY]), pos)
         return
     package = ExecutionPackage(
         execution_id=child_id,

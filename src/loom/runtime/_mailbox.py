@@ -44,6 +44,9 @@ async def send(
             "or resume() a waiting gate",
         )
     state, _ = await rt._require(execution_id)
+    from loom.runtime._children import refuse_outside_answer
+
+    refuse_outside_answer(execution_id, event_type)
     if event_type == TIMER_EVENT:
         raise NotWaitingError(
             f"{TIMER_EVENT!r} is a durable sleep of execution {execution_id!r}: only its "

@@ -509,6 +509,7 @@ class WorkflowRuntime:
     def _waiting_gate(self, state: ExecutionState, event_type: str) -> Gate:
         eid = state.execution_id
         gate = state.waiting
+        _children.refuse_outside_answer(eid, event_type)
         if event_type == TIMER_EVENT:
             raise NotWaitingError(
                 f"{TIMER_EVENT!r} is a durable sleep of execution {eid!r}, not a gate: only its "
