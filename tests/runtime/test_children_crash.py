@@ -36,7 +36,7 @@ def _run(args: list[str], env_extra: dict[str, str]) -> subprocess.CompletedProc
     env = {k: v for k, v in os.environ.items() if k not in ("LOOM_FAULTS", "LOOM_CHILD_CRASH")}
     env.update(env_extra, PYTHONPATH=str(ROOT))
     return subprocess.run(
-        [sys.executable, "-m", "tests.runtime.children_crash_proc", *args],
+        [sys.executable, "-m", "tests.children.parent_with_children", *args],
         cwd=ROOT,
         env=env,
         capture_output=True,

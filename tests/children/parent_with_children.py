@@ -1,6 +1,6 @@
 """A process driving a parent flow with three children, for the SIGKILL crash tests.
 
-    python -m tests.runtime.children_crash_proc MODE KIND WHERE SCHEMA DIR PARENT_ID
+    python -m tests.children.parent_with_children MODE KIND WHERE SCHEMA DIR PARENT_ID
 
 MODE ``start`` starts the parent (LOOM_CHILD_CRASH picks where the process kills itself with
 SIGKILL; LOOM_FAULTS may arm a fault point instead); ``recover`` recovers every abandoned
