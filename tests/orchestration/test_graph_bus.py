@@ -71,12 +71,25 @@ class Recording(LocalDispatcher):
         return await super().dispatch(package)
 
 
-@pytest.fixture
-async def runtime(tmp_path: Path) -> AsyncIterator[loom.WorkflowRuntime]:
-    rt = loom.WorkflowRuntime(SQLiteStore(tmp_path / "g.db"))
-    rt.register(num, add, two_gates)
-    yield rt
-    await rt.close()
+@pytest.fixture(params=["sqlite", "postgres"])
+async def runtime(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> AsyncIterator[loom.WorkflowRuntime]:
+    if request.param == "sqlite":
+        rt = loom.WorkflowRuntime(SQLiteStore(tmp_path / "g.db"))
+        rt.register(num, add, two_gates)
+        yield rt
+        await rt.close()
+        return
+    from loom.storage.postgres import PostgresStore
+    from tests.support.pg import require_pg, temp_schema
+
+    dsn = require_pg()
+    async with temp_schema(dsn) as schema:
+        rt = loom.WorkflowRuntime(PostgresStore(dsn, schema=schema))
+        rt.register(num, add, two_gates)
+        yield rt
+        await rt.close()
 
 
 def test_cycle_missing_node_and_bad_mapping_are_refused_together() -> None:
@@ -215,14 +228,13 @@ async def test_a_parent_waiting_on_its_child_is_working_not_input_required(
     assert done.state is TaskState.COMPLETED and done.output["votes"] == [True, True]
 
 
-held = asyncio.Event()
-let_go = asyncio.Event()
+gates: dict[str, asyncio.Event] = {}  # made per test: an Event belongs to one loop
 
 
 @loom.step(id="held")
 async def held_step() -> str:
-    held.set()
-    await let_go.wait()
+    gates["held"].set()
+    await gates["go"].wait()
     return "never"
 
 
@@ -232,7 +244,7 @@ async def holding(ctx: loom.WorkflowContext) -> str:
 
 
 async def test_cancel_while_a_node_runs(runtime: loom.WorkflowRuntime) -> None:
-    held.clear()
+    gates.update(held=asyncio.Event(), go=asyncio.Event())
     runtime.register(holding)
     graph = Graph(
         [Node("a", num, constant=1), Node("b", holding, deps=("a",)), Node("c", num, deps=("b",))]
@@ -240,7 +252,7 @@ async def test_cancel_while_a_node_runs(runtime: loom.WorkflowRuntime) -> None:
     run = asyncio.ensure_future(
         execute_graph(Recording(runtime), graph, None, store=runtime.store, run_id="cx")
     )
-    await held.wait()  # node b is inside its step
+    await gates["held"].wait()  # node b is inside its step
     states = await cancel_graph(runtime, graph, "cx", "stop")
     assert states == {"a": TaskState.COMPLETED, "b": TaskState.CANCELED}
     result = await asyncio.wait_for(run, 30)
