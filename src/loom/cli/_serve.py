@@ -70,12 +70,13 @@ def serve(
         else:
             url = url or DEFAULT_DB
             store_obj, where = await open_store_url(url, "create"), describe(url)
-        runtime = WorkflowRuntime(store_obj)
+        runtime = WorkflowRuntime(store_obj, timers=False)
         if runtime.timers is None:
             raise ConfigurationError(f"the store {where} keeps no timers; a node needs them")
         runtime.register(*flows)
         names = sorted({f.id for f in flows})
         async with runtime:
+            runtime.start_timers()  # a node serves timers: explicitly, from the first moment
             summary: dict[str, Any] = {"store": where, "flows": names, "recovered": []}
             if recover:
                 served = set(names)

@@ -103,9 +103,13 @@ class WorkflowRuntime:
 
     ``store`` defaults to ``SQLiteStore($LOOM_DB or "loom.db")``. ``snapshot_every`` is the
     number of events between snapshots (loading reads the newest snapshot plus the tail).
-    With ``timers=True`` (the default) the runtime fires due timers of its store (its own and
-    any other process's, each once) from the moment it is open: entered with ``async with``,
-    or first used; pass ``timers=False`` where a separate :class:`TimerService` does that.
+    Timer serving (firing the due timers of its store, its own and any other process's, each
+    once) is explicit: :meth:`start_timers` serves them in the background until
+    :meth:`stop_timers` or ``close()``, :meth:`serve_timers` in the foreground. With
+    ``timers=True`` (the default) the runtime also starts it itself once it is open (entered
+    with ``async with``) or first used (start, resume, send, recover, a wait); pass
+    ``timers=False`` where a separate :class:`TimerService` serves them, or where the process
+    lives for one command (the CLI).
     ``interceptors`` wrap every step attempt, first = outermost (tracing with
     ``loom.otel.OpenTelemetryInterceptor()``, token accounting, a simulation's dry run);
     ``resources`` are shared with steps by name (``loom.resource("llm")`` inside a step).
@@ -881,14 +885,41 @@ class WorkflowRuntime:
     async def _schedule_timer(self, timer: Timer) -> None:
         assert self._timer_store is not None
         await self._timer_store.schedule_timer(timer)
-        if self.timers is not None and self._serve_timers:
-            self.timers.start()
-            if timer.fire_at <= self.clock.now() + self.timers.poll_interval:
-                self.timers.kick()
+        if self.timers is not None:
+            if self._serve_timers and not self._closed:
+                self.timers.start()
+            if (
+                self.timers.running
+                and timer.fire_at <= self.clock.now() + self.timers.poll_interval
+            ):
+                self.timers.kick()  # due before the next poll: look now
 
     def _ensure_timers(self) -> None:
-        if self.timers is not None and self._serve_timers and not self._closed:
+        """The automatic start (``timers=True``): a runtime in use serves its store's timers."""
+        if self._serve_timers:
+            self._start_timers()
+
+    def _start_timers(self) -> None:
+        if self.timers is not None and not self._closed:
             self.timers.start()
+
+    def start_timers(self) -> TimerService:
+        """Serve this store's due timers in the background (on the running event loop) until
+        :meth:`stop_timers` or ``close()``; whatever ``timers=`` said. Idempotent.
+
+        Raises :class:`ConfigurationError` when the store keeps no timers or the runtime is
+        closed.
+        """
+        self._check_open()
+        if self.timers is None:
+            raise ConfigurationError("this runtime's store keeps no timers")
+        self._start_timers()
+        return self.timers
+
+    async def stop_timers(self) -> None:
+        """Stop serving timers (executions and their stored timers are untouched)."""
+        if self.timers is not None:
+            await self.timers.stop()
 
     async def _wake_locally(self, timer: Timer) -> WakeOutcome:
         outcome, _ = await self.fire_timer(timer.execution_id, timer.position)

@@ -146,6 +146,19 @@ class TimerService:
             except TimeoutError:
                 pass
 
+    @property
+    def running(self) -> bool:
+        """Whether :meth:`run_forever` runs in the background (started and not stopped)."""
+        return self._task is not None and not self._task.done()
+
+    async def __aenter__(self) -> TimerService:
+        """``async with service:`` serves timers in the background until the block ends."""
+        self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
     def start(self) -> None:
         """Run :meth:`run_forever` in the background (on the running event loop)."""
         if self._task is None or self._task.done():
@@ -154,6 +167,8 @@ class TimerService:
             )
 
     async def stop(self) -> None:
+        """Stop serving (a wake in progress is cancelled; its timer's claim expires and
+        another service retries it)."""
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
