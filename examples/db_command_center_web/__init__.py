@@ -1,0 +1,1 @@
+"""The DB command center web front end (see README.md)."""

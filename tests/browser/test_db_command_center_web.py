@@ -1,0 +1,98 @@
+"""The DB command center's web page in a real headless Chromium: a request typed into the
+page is planned and answered live (server-sent events); a write shows its row count and is
+approved with the page's button (the rows change), another is rejected (nothing changes)."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.browser.conftest import ROOT, shot
+
+pytestmark = pytest.mark.browser
+
+
+@pytest.fixture(params=["local", "http"])
+def web(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, Path, str]]:
+    url_file = tmp_path / "url"
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "LOOM_EXAMPLE_LEDGER": str(tmp_path / "effects.db"),
+        "LOOM_EXAMPLE_SAMPLE_DB": str(tmp_path / "shop.db"),
+        "LOOM_EXAMPLE_STORE": f"sqlite:{tmp_path / 'loom.db'}",
+    }
+    log = (tmp_path / "web.log").open("wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "examples.db_command_center_web", "--placement", request.param,
+         "--workdir", str(tmp_path), "--port-file", str(url_file)],
+        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not (url_file.exists() and url_file.read_text()):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError((tmp_path / "web.log").read_text())
+            time.sleep(0.05)  # polling a starting server, with a deadline
+        yield url_file.read_text(), tmp_path / "shop.db", request.param
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+        log.close()
+
+
+def _count(db: Path, sql: str) -> int:
+    with sqlite3.connect(db) as conn:
+        return int(conn.execute(sql).fetchone()[0])
+
+
+def _ask(page: Any, text: str) -> Any:
+    page.fill("#text", text)
+    page.click("form#ask button")
+    card = page.locator(".card", has_text=text).first
+    card.wait_for()
+    return card
+
+
+def test_ask_approve_and_reject_in_the_browser(web: tuple[str, Path, str], page: Any) -> None:
+    url, db, _ = web
+    page.goto(url + "/")
+    why = _ask(page, "Why did orders drop yesterday?")
+    why.locator(".answer").wait_for()
+    assert "26 of 30 card payments failed" in why.locator(".answer").text_content()
+    assert why.locator("table").count() == 2  # both query results rendered
+    assert "completed" in why.locator(".status").text_content()
+
+    archive = _ask(page, "Archive orders older than 2 years")
+    archive.locator(".pending").wait_for()
+    assert "This write changes 1460 row(s)." in archive.locator(".pending").text_content()
+    assert _count(db, "SELECT COUNT(*) FROM orders WHERE status = 'archived'") == 0
+    shot(page, f"command-center-pending-{web[2]}")
+    archive.locator("input[name=by]").fill("ops-lead")
+    archive.locator("button[data-action=approve]").click()
+    archive.locator(".answer").wait_for()
+    assert "1460 row(s) changed" in archive.locator(".answer").text_content()
+    assert _count(db, "SELECT COUNT(*) FROM orders WHERE status = 'archived'") == 1460
+
+    cleanup = _ask(page, "Delete all cancelled orders")
+    cleanup.locator(".pending").wait_for()
+    cleanup.locator("button[data-action=reject]").click()  # no name: refused, nothing recorded
+    page.wait_for_function(
+        "document.querySelector('.card .error') && "
+        "document.querySelector('.card .error').textContent.includes('by')"
+    )
+    cleanup.locator("input[name=by]").fill("ops-lead")
+    cleanup.locator("input[name=reason]").fill("keep for audit")
+    cleanup.locator("button[data-action=reject]").click()
+    cleanup.locator(".answer").wait_for()
+    assert "rejected by ops-lead" in cleanup.locator(".answer").text_content()
+    assert _count(db, "SELECT COUNT(*) FROM orders WHERE status = 'cancelled'") == 88
+    shot(page, f"command-center-done-{web[2]}")
