@@ -261,6 +261,10 @@ class Agent(Flow[Any, dict[str, Any]]):
             retry=_ModelRetry(**_fields(retry)),
             interceptors=[self.accounting],
             record_as=ModelCalled.from_completion,
+            defer_record=self._only_read_only_tools,
+        )
+        self._read_only = frozenset(
+            t.name for t in tools if t.read_only and t.requires_approval is None
         )
         self._tool_steps: dict[str, Step[[Any], Any]] = {
             t.name: Step(
@@ -290,6 +294,16 @@ class Agent(Flow[Any, dict[str, Any]]):
 
     def __repr__(self) -> str:
         return f"<loom.Agent {self.id!r} v{self.version}>"
+
+    def _only_read_only_tools(self, record: Mapping[str, Any]) -> bool:
+        """Whether a model call's record may ride with its first tool's (``read_only``): it
+        asked for tools, every one of them read-only and needing no approval. A crash before
+        that commit then re-asks the model for the turn; nothing it asked for had an effect."""
+        if not self._read_only:
+            return False
+        parts = record["response"]["message"]["parts"]
+        calls = [p for p in parts if p.get("type") == "tool_call"]
+        return bool(calls) and all(p.get("name") in self._read_only for p in calls)
 
     # ------------------------------------------------------------------ the loop
 
@@ -393,7 +407,7 @@ class Agent(Flow[Any, dict[str, Any]]):
         live = not ctx.is_replaying
         position = ctx.position
         recorded = await ctx.run(self._model_step, call)
-        if live:
+        if live and ctx.recorded(position) is not None:  # not when it waits for a tool's commit
             faults.hit("agents.after_model_recorded")
         recorded_fp = recorded.get("fp")
         effective = {**conv.last_fp, **(recorded_fp if isinstance(recorded_fp, dict) else {})}

@@ -52,6 +52,7 @@ class Tool(Step[P, R]):
         retry: RetryPolicy,
         requires_approval: ApprovalPolicy | None,
         fatal: tuple[type[BaseException], ...],
+        read_only: bool = False,
     ) -> None:
         super().__init__(fn, id=id, retry=retry)
         if not name.replace("_", "").replace("-", "").isalnum() or len(name) > 64:
@@ -62,6 +63,8 @@ class Tool(Step[P, R]):
         self.name = name
         self.description = description
         self.requires_approval = requires_approval
+        #: Running it again is harmless (it changes nothing outside Loom): see ``tool()``.
+        self.read_only = read_only
         self.fatal: tuple[type[BaseException], ...] = (FatalToolError, *fatal)
         hints = _hints(fn)
         fields: dict[str, Any] = {}
@@ -136,6 +139,7 @@ def _make(
     retry: RetryPolicy | None = None,
     requires_approval: ApprovalPolicy | bool | None = None,
     fatal: tuple[type[BaseException], ...] = (),
+    read_only: bool = False,
 ) -> Tool[P, Any]:
     from loom.agents._approval import ApprovalPolicy
 
@@ -155,6 +159,7 @@ def _make(
         retry=retry or RetryPolicy(),
         requires_approval=policy,
         fatal=fatal,
+        read_only=read_only,
     )
 
 
@@ -171,6 +176,7 @@ def tool(
     retry: RetryPolicy | None = None,
     requires_approval: ApprovalPolicy | bool | None = None,
     fatal: tuple[type[BaseException], ...] = (),
+    read_only: bool = False,
 ) -> _ToolDecorator: ...
 def tool(fn: Callable[P, Any] | None = None, /, **options: Any) -> Tool[P, Any] | _ToolDecorator:
     """Declare a tool: a durable step an agent's model may call.
@@ -180,6 +186,12 @@ def tool(fn: Callable[P, Any] | None = None, /, **options: Any) -> Tool[P, Any] 
     an :class:`ApprovalPolicy` puts a durable approval gate before every call. An exception
     the tool raises goes back to the model as an error observation, unless it is one of
     ``fatal`` (or a :class:`FatalToolError`), which fails the agent.
+
+    ``read_only=True`` declares that the tool changes nothing outside Loom (a lookup, a
+    search, a fetch), so running it again is harmless. A model call that asks only for such
+    tools is then recorded in the same commit as the first tool's result: one commit per turn
+    instead of two. The price: a crash while those tools run asks the model again for that
+    turn (its earlier answer was not durable yet, and nothing it asked for had an effect).
     """
     if fn is not None:
         return _make(fn, **options)

@@ -67,7 +67,9 @@ def step_rows(state: ExecutionState, envelopes: list[Envelope]) -> list[dict[str
             continue
         if str(env.type) in ("STEP_STARTED", "EXECUTION_SUSPENDED", "TIMER_SCHEDULED"):
             started.setdefault(pos, env.recorded_at)
-        if str(env.type) == "STEP_COMPLETED":
+        # A step's completion, or a layer's event recording one (agents.model_called): both
+        # carry when the attempt began.
+        if str(env.type) == "STEP_COMPLETED" or "started_at" in env.payload:
             began = env.payload.get("started_at")
             if isinstance(began, (int, float)):
                 started.setdefault(pos, float(began))

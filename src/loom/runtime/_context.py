@@ -435,7 +435,11 @@ class WorkflowContext:
             try:
                 completed = StepCompleted(pos, step.id, attempt, output, started_at, annotations)
                 as_event = step.record_as
-                await driver.append([completed if as_event is None else as_event(completed)])
+                done: EventPayload = completed if as_event is None else as_event(completed)
+                if step.defer_record is not None and step.defer_record(output):
+                    driver.defer(done)  # durable with the next write (see Step.defer_record)
+                else:
+                    await driver.append([done])
             except PayloadError as exc:
                 # The output is not storable (checked while building the record, before the
                 # store saw anything): a step failure, never a crash of the flow's driver.

@@ -16,7 +16,15 @@ from loom.errors import (
     StorageError,
     StorageWriteError,
 )
-from loom.model import Envelope, EventPayload, ExecutionState, PayloadLimits, UIPatched, apply_event
+from loom.model import (
+    Envelope,
+    EventPayload,
+    ExecutionState,
+    PayloadLimits,
+    UIPatched,
+    apply_event,
+    encode_json,
+)
 from loom.runtime._clock import Clock
 from loom.runtime._intercept import CallNext
 from loom.storage import AppendsWithBlobs, BlobStore, MailboxStore, Snapshot, Store, Timer
@@ -228,6 +236,18 @@ class Driver:
             await self.maybe_snapshot()
         if self.stop_at_boundary:
             raise StopAtBoundary
+
+    def defer(self, event: EventPayload) -> None:
+        """Record ``event`` with the next append instead of a commit of its own.
+
+        Encoded now, so a value that cannot be stored fails here (PayloadError) rather than
+        with the unrelated write that would carry it. Not durable, and not folded into the
+        state, until that append: a crash before it loses the event (its step runs again).
+        """
+        if self.fenced_out is not None:
+            raise self.fenced_out
+        encode_json(event.to_wire(), limits=self.limits, what=f"{type(event).__name__} record")
+        self.pending_records.append(event)
 
     async def _write(self, envelopes: list[Envelope], blobs: dict[str, bytes]) -> None:
         if not blobs:

@@ -264,6 +264,7 @@ class Step(Generic[P, R]):
         timeout: timedelta | float | None = None,
         interceptors: Sequence[StepInterceptor] = (),
         record_as: Callable[[StepCompleted], EventPayload] | None = None,
+        defer_record: Callable[[Any], bool] | None = None,
     ) -> None:
         if not id:
             raise ConfigurationError("a step needs a non-empty id")
@@ -284,6 +285,12 @@ class Step(Generic[P, R]):
         #: registered event (whose reducer records the same ``OpRecord``), e.g.
         #: ``agents.model_called``. None: the completion is recorded as ``STEP_COMPLETED``.
         self.record_as = record_as
+        #: For a layer's steps: given the attempt's recorded output, whether its record may
+        #: wait for the flow's next durable write instead of a commit of its own. Only for a
+        #: step whose loss in a crash costs nothing but running it again (the next write is
+        #: what the flow does with its result; a crash before it re-runs this step). An
+        #: agent's model call uses it when every tool the model asked for is read-only.
+        self.defer_record = defer_record
         if self.timeout is not None and self.timeout <= 0:
             raise ConfigurationError(f"step {id!r}: timeout must be positive")
         self.is_async = inspect.iscoroutinefunction(fn)
