@@ -1,6 +1,6 @@
 """Agent storage and per-turn overhead on SQLite: a long tool-using conversation.
 
-    python -m bench.agents [--turns 100] [--result-bytes 2048] [--synchronous FULL]
+    python -m bench.agents [--turns 100] [--result-bytes 2048] [--synchronous FULL] [--read-only]
 
 **Storage.** One agent run of ``--turns`` model calls, each asking for one tool whose result
 is ``--result-bytes`` of text. Three figures, in bytes:
@@ -18,7 +18,9 @@ provider and the tools called directly, no runtime (the provider call alone: Scr
 answers instantly, so the difference is Loom's cost per turn: its commits and encoding). A
 turn is two durable commits with the chosen ``synchronous`` setting: the model call's event,
 and the tool step's event with the tool result's blob in the same transaction. The raw floor
-of two single-row commits on the same disk is printed beside it.
+of two single-row commits on the same disk is printed beside it. With ``--read-only`` the tool
+is declared ``read_only=True`` (a fetch changes nothing): the model call's event then rides in
+the tool step's commit, one commit per turn (floor: one commit).
 """
 
 from __future__ import annotations
@@ -36,10 +38,12 @@ import loom
 from loom.llm import CompletionRequest, Message, ScriptedProvider, canonical_json, tool_calls
 
 
-def make_agent(turns: int, result_bytes: int) -> tuple[loom.Agent, ScriptedProvider]:
+def make_agent(
+    turns: int, result_bytes: int, read_only: bool = False
+) -> tuple[loom.Agent, ScriptedProvider]:
     page = "x" * result_bytes
 
-    @loom.tool
+    @loom.tool(read_only=read_only)
     async def fetch(i: int) -> str:
         """Fetch page i."""
         return f"{i:06d}{page}"[:result_bytes]
@@ -71,8 +75,10 @@ def sizes(requests: list[CompletionRequest], final: Message) -> tuple[int, int]:
     return sum(distinct.values()), per_call
 
 
-async def durable_run(db: Path, turns: int, result_bytes: int, sync: str) -> dict[str, Any]:
-    agent, provider = make_agent(turns, result_bytes)
+async def durable_run(
+    db: Path, turns: int, result_bytes: int, sync: str, read_only: bool = False
+) -> dict[str, Any]:
+    agent, provider = make_agent(turns, result_bytes, read_only)
     store = loom.SQLiteStore(db, synchronous=sync)
     async with loom.WorkflowRuntime(store, timers=False) as runtime:
         runtime.register(agent)
@@ -143,18 +149,24 @@ async def main() -> None:
     parser.add_argument("--result-bytes", type=int, default=2048)
     parser.add_argument("--synchronous", default="FULL", choices=["FULL", "NORMAL"])
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--read-only", action="store_true", help="declare the tool read_only")
     args = parser.parse_args()
+    commits = 1 if args.read_only else 2
     runs, alone, floors = [], [], []
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
             runs.append(
                 await durable_run(
-                    Path(tmp) / f"a{r}.db", args.turns, args.result_bytes, args.synchronous
+                    Path(tmp) / f"a{r}.db",
+                    args.turns,
+                    args.result_bytes,
+                    args.synchronous,
+                    args.read_only,
                 )
             )
             alone.append(await provider_alone(args.turns, args.result_bytes))
             floors.append(
-                commit_floor(Path(tmp) / f"f{r}.db", 2 * args.turns, args.synchronous, 700)
+                commit_floor(Path(tmp) / f"f{r}.db", commits * args.turns, args.synchronous, 700)
             )
     run = runs[0]
     per_turn = statistics.median(r["elapsed"] for r in runs) / args.turns * 1000
@@ -162,7 +174,8 @@ async def main() -> None:
     floor_turn = statistics.median(floors) / args.turns * 1000
     print(
         f"agent: {args.turns} turns, {args.result_bytes} B tool result per turn, "
-        f"SQLite synchronous={args.synchronous}, median of {args.rounds}"
+        f"SQLite synchronous={args.synchronous}, median of {args.rounds}, "
+        f"{'read-only tool: 1 commit' if args.read_only else '2 commits'} per turn"
     )
     print()
     print(f"{'storage':<34}{'bytes':>12}{'vs distinct':>14}")
@@ -182,7 +195,7 @@ async def main() -> None:
     cpu_turn = statistics.median(r["cpu"] for r in runs) / args.turns * 1000
     print(f"{'  of which CPU (this process)':<34}{cpu_turn:>12.3f}")
     print(f"{'Loom overhead':<34}{per_turn - alone_turn:>12.3f}")
-    print(f"{'raw floor: 2 commits':<34}{floor_turn:>12.3f}")
+    print(f"{f'raw floor: {commits} commit(s)':<34}{floor_turn:>12.3f}")
     print(f"{'overhead over the floor':<34}{per_turn - alone_turn - floor_turn:>12.3f}")
 
 
