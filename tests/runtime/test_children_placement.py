@@ -129,3 +129,38 @@ async def test_reused_child_id_and_cancelled_child(db_path: Path) -> None:
         await rt.wait("cc.0", until="settled", timeout=30, missing_ok=True)
         await rt.cancel("cc.0", reason="not needed")
         assert (await rt.wait("cc", timeout=30)).output == "cc.0:cancelled:not needed"
+
+
+async def test_a_lost_child_message_is_caught_up_by_recovery(
+    db_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The child ends but its process dies before telling the parent (simulated: the
+    notification is dropped). Recovery (recover, or a recover_abandoned pass) tells it."""
+    from loom.runtime import _children
+
+    async def lost(rt: Any, state: Any) -> None:
+        return None
+
+    async def never_abandoned(state: Any) -> bool:
+        return False
+
+    for how in ("recover", "recover_abandoned"):
+        async with loom.WorkflowRuntime(store=SQLiteStore(db_path)) as rt:
+            rt.register(p_waits, p_gated)
+            eid = f"lost-{how}"
+            await rt.start(p_waits, execution_id=eid)
+            await rt.wait(f"{eid}.0", until="settled", timeout=30, missing_ok=True)
+            parent = await rt.wait(eid, until="settled", timeout=30)
+            assert parent.status is ExecutionStatus.SUSPENDED
+            monkeypatch.setattr(_children, "notify_parent", lost)
+            await rt.resume(f"{eid}.0", "Go", 5)
+            assert (await rt.wait(f"{eid}.0", timeout=30)).output == 6
+            monkeypatch.undo()
+            stuck = await rt.load_state(eid)
+            assert stuck is not None and stuck.status is ExecutionStatus.SUSPENDED
+            if how == "recover":
+                await rt.recover(eid)
+            else:
+                report = await loom.recover_abandoned(rt, is_abandoned=never_abandoned)
+                assert report.recovered == []  # nothing was taken over
+            assert (await rt.wait(eid, timeout=30)).output == 6

@@ -260,6 +260,7 @@ def start_child(
     task = asyncio.create_task(
         _start(ctx, rt, resolved, encoded, child_id, pos), name=f"loom:start-child:{child_id}"
     )
+    rt._own(task)  # closing the runtime stops a start under way, like any of its tasks
     ctx._child_starts.append(task)
     handle = ChildHandle(ctx, child_id, pos, resolved, task, input)
     handle._raw = raw
@@ -528,6 +529,24 @@ async def notify_parent(rt: WorkflowRuntime, state: ExecutionState) -> None:
             exc,
             extra={"execution_id": state.execution_id},
         )
+
+
+async def recheck_wait(rt: WorkflowRuntime, state: ExecutionState) -> bool:
+    """A parent suspended on a child that ended without telling it (the child's process died
+    between its outcome and its message): tell it now. True if that resumed the parent."""
+    gate = state.waiting
+    if (
+        state.status is not ExecutionStatus.SUSPENDED
+        or gate is None
+        or not gate.event_type.startswith(CHILD_GATE_PREFIX)
+    ):
+        return False
+    child_id = gate.event_type[len(CHILD_GATE_PREFIX) :]
+    child = await rt.load_state(child_id)
+    if child is None or not child.is_terminal:
+        return False
+    await _report(rt, state.execution_id, child_id, outcome_payload(child))
+    return True
 
 
 async def cancel_children(rt: WorkflowRuntime, state: ExecutionState, reason: str | None) -> None:

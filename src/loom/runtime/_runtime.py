@@ -683,7 +683,9 @@ class WorkflowRuntime:
             return ExecutionHandle(self, execution_id, live)
         state, snap_seq = await self._require(execution_id)
         if state.status not in (ExecutionStatus.RUNNING, ExecutionStatus.PENDING):
-            return ExecutionHandle(self, execution_id, None)
+            # A parent waiting on a child that ended without telling it is told now.
+            await _children.recheck_wait(self, state)
+            return ExecutionHandle(self, execution_id, self._drivers.get(execution_id))
         handle = await self._recover_from(state, snap_seq, holder=holder)
         if handle is None:
             raise ExecutionSupersededError(
@@ -878,7 +880,9 @@ class WorkflowRuntime:
 
     def _spawn(self, work: Coroutine[Any, Any, None], name: str) -> None:
         """Run ``work`` as a task this runtime owns (``close()`` stops it)."""
-        task = asyncio.create_task(work, name=name)
+        self._own(asyncio.create_task(work, name=name))
+
+    def _own(self, task: asyncio.Task[None]) -> None:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -1089,8 +1093,15 @@ class WorkflowRuntime:
         try:
             outcome = await self._run_body(ctx, driver, flow)
             if outcome is not None:
-                # Children started and never awaited are recorded before the outcome.
-                await ctx.settle_child_starts()
+                # Children started and never awaited are recorded before the outcome. A start
+                # that failed then changes nothing: the outcome stands, that child was not
+                # started (nothing records it).
+                try:
+                    await ctx.settle_child_starts()
+                except Exception as exc:
+                    log.warning(
+                        "execution %s: a child start failed: %r", driver.state.execution_id, exc
+                    )
         finally:
             _current_flow.reset(token)
         if outcome is not None:

@@ -10,6 +10,7 @@ from typing import Any
 
 from loom.errors import ConfigurationError
 from loom.model import ExecutionState, ExecutionStatus
+from loom.runtime import _children
 from loom.runtime._clock import Clock
 from loom.runtime._runtime import ExecutionHandle, WorkflowRuntime
 from loom.storage import LeaseStore
@@ -127,6 +128,11 @@ async def recover_abandoned(
             # so the pass acts only on what its predicate judged.
             judged_fence = await runtime.store.current_fence(execution_id)
             state, snap_seq = await runtime._load(execution_id)
+            if state is not None and state.status is ExecutionStatus.SUSPENDED:
+                # A parent waiting on a child that ended without telling it (the child's
+                # process died in between) is told now; nothing else suspended is touched.
+                await _children.recheck_wait(runtime, state)
+                continue
             if state is None or state.status not in _LIVE:
                 continue
             verdict = is_abandoned(state)
