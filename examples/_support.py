@@ -39,7 +39,7 @@ from loom.placement import (
     LocalWorkerRuntime,
     ResumeEvent,
 )
-from loom.storage import SQLiteStore, Store
+from loom.storage import ExecutionIndex, SQLiteStore, Store
 
 ROOT = Path(__file__).resolve().parent.parent
 STORE_ENV = "LOOM_EXAMPLE_STORE"
@@ -68,6 +68,13 @@ def open_store(spec: str | None = None) -> Store:
     raise ValueError(f"{STORE_ENV} must be sqlite:<path> or postgres:<schema>:<dsn>, not {spec!r}")
 
 
+def index_of(store: Store) -> ExecutionIndex:
+    """The store's execution index (every Loom store has one; listing needs it)."""
+    if not isinstance(store, ExecutionIndex):
+        raise TypeError(f"{type(store).__name__} has no execution index to list requests from")
+    return store
+
+
 # ------------------------------------------------------------------------------ the ledger
 
 
@@ -83,7 +90,9 @@ class Ledger:
             info = loom.current_step()
             execution_id = info.execution_id if info is not None else ""
         with sqlite3.connect(self.path, timeout=30) as conn:
-            conn.execute("PRAGMA synchronous=FULL")
+            # A SIGKILL loses nothing the kernel already has; only a power cut would need
+            # an fsync here, and the ledger is a demo's oracle, not the system of record.
+            conn.execute("PRAGMA synchronous=OFF")
             conn.execute(
                 "CREATE TABLE IF NOT EXISTS effects (execution_id TEXT, name TEXT, pid INTEGER)"
             )

@@ -26,7 +26,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from examples._support import Placement
+from examples._support import Placement, index_of
 from examples.db_command_center.app import FLOW_ID, GATE
 from examples.db_command_center.app import Request as CommandRequest
 from loom.errors import LoomError
@@ -98,7 +98,7 @@ class CommandCenterService:
         return JSONResponse({"id": eid, "status": "submitted"}, status_code=202)
 
     async def list_requests(self, request: Request) -> Response:
-        page = await self.runtime.store.list_executions(
+        page = await index_of(self.runtime.store).list_executions(
             ExecutionQuery(flow_id=FLOW_ID, limit=int(request.query_params.get("limit", 50)))
         )
         out = []
@@ -117,7 +117,7 @@ class CommandCenterService:
         return JSONResponse(_view(state))
 
     async def approvals(self, request: Request) -> Response:
-        page = await self.runtime.store.list_executions(
+        page = await index_of(self.runtime.store).list_executions(
             ExecutionQuery(flow_id=FLOW_ID, statuses=[ExecutionStatus.SUSPENDED], limit=200)
         )
         pending = []

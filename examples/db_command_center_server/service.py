@@ -19,6 +19,7 @@ from examples._support import (
     STORE_ENV,
     Placement,
     http_placement,
+    index_of,
     local_placement,
     open_store,
 )
@@ -61,7 +62,7 @@ def prepare(args: argparse.Namespace) -> Path:
 async def continue_abandoned(placement: Placement) -> list[str]:
     """Requests left running when this service last stopped (it is the only node driving
     them): continue each from the store, in the background."""
-    page = await placement.runtime.store.list_executions(
+    page = await index_of(placement.runtime.store).list_executions(
         ExecutionQuery(flow_id=FLOW_ID, statuses=[ExecutionStatus.RUNNING], limit=500)
     )
     ids = [s.execution_id for s in page.items]

@@ -72,7 +72,7 @@ LOGS = [
     "14:04:31 checkout-api ERROR java.lang.OutOfMemoryError: pricing cache exceeded heap",
     "14:05:15 checkout-api WARN pod checkout-api-7 restarted (OOMKilled)",
 ]
-METRICS = {
+METRICS: dict[str, dict[str, Any]] = {
     "checkout-api": {
         "error_rate": {"13:55": 0.002, "14:00": 0.002, "14:05": 0.121, "14:10": 0.134},
         "memory_pct": {"13:55": 61, "14:00": 63, "14:05": 98, "14:10": 97},
@@ -99,7 +99,7 @@ def search_logs(pattern: str) -> list[str]:
 def query_metrics(service: str) -> dict[str, Any]:
     """The service's metrics around the alert, per 5-minute bucket."""
     Ledger().record("tool:query_metrics")
-    return METRICS.get(service, {})
+    return dict(METRICS.get(service, {}))
 
 
 @loom.tool

@@ -207,9 +207,9 @@ def batch(logging: str, per_kind: int = 12) -> list[tuple[str, dict[str, Any]]]:
 
 async def run_batch(placement: Placement, logging: str, per_kind: int = 12) -> list[str]:
     """Serve a batch; the DBA on autopilot approves each gated one and leaves the strategy to
-    the policy. A few at a time, as a service would."""
+    the policy. Sixteen at a time, as a service would."""
     jobs = batch(logging, per_kind)
-    gate = asyncio.Semaphore(4)
+    gate = asyncio.Semaphore(16)
 
     async def one(eid: str, job: dict[str, Any]) -> None:
         async with gate:
