@@ -164,3 +164,33 @@ async def test_a_lost_child_message_is_caught_up_by_recovery(
                 report = await loom.recover_abandoned(rt, is_abandoned=never_abandoned)
                 assert report.recovered == []  # nothing was taken over
             assert (await rt.wait(eid, timeout=30)).output == 6
+
+
+class RefusingDispatcher:
+    """A dispatcher whose every placement fails before the child exists (no worker)."""
+
+    async def dispatch(self, package: Any) -> Any:
+        raise RuntimeError(f"no worker can take {package.execution_id}")
+
+    async def cancel(self, execution_id: str) -> None:
+        return None
+
+
+@loom.flow(id="p-unplaced", version="1")
+async def p_unplaced(ctx: loom.WorkflowContext) -> dict[str, Any]:
+    try:
+        await ctx.call(p_leaf, 2)
+    except ChildFailedError as exc:
+        return {"child": exc.child_id, "status": exc.status, "error": (exc.error or {}).get("type")}
+    return {}
+
+
+async def test_a_child_the_dispatcher_cannot_place_fails_in_the_parent(db_path: Path) -> None:
+    async with loom.WorkflowRuntime(
+        store=SQLiteStore(db_path), dispatcher=RefusingDispatcher()
+    ) as rt:
+        rt.register(p_unplaced, p_leaf)
+        await rt.start(p_unplaced, execution_id="u")
+        state = await rt.wait("u", timeout=30)
+        assert state.output == {"child": "u.0", "status": "failed", "error": "RuntimeError"}
+        assert await rt.load_state("u.0") is None  # nothing was started

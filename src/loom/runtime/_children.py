@@ -349,7 +349,15 @@ async def _dispatch(
             if await rt.store.last_sequence(child_id) < 0:
                 await _report(rt, str(metadata[PARENT_KEY]), child_id, _dispatch_failure(exc))
 
-    rt._spawn(run(), f"loom:dispatch-child:{child_id}")
+    placing = asyncio.create_task(run(), name=f"loom:dispatch-child:{child_id}")
+    rt._own(placing)
+    # The parent records the child once it exists (its sequence 0 is durable), as a local
+    # start does, or once the dispatch gave up (its failure is then in the parent's mailbox).
+    exists = asyncio.ensure_future(rt.store.wait_for_append(child_id, -1, timeout=None))
+    try:
+        await asyncio.wait({placing, exists}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        exists.cancel()
 
 
 def _dispatch_failure(exc: BaseException) -> dict[str, Any]:
@@ -384,18 +392,6 @@ async def _await_child(ctx: WorkflowContext, handle: ChildHandle) -> Any:
         state = await rt.load_state(handle.execution_id)
         if state is not None and state.is_terminal:
             await _report(rt, ctx.execution_id, handle.execution_id, outcome_payload(state))
-        elif (
-            state is None
-            and handle._start is None
-            and rt.dispatcher is not None
-            and handle._flow is not None
-        ):
-            # Recorded, then the process died before the dispatcher placed it: place it now
-            # (a dispatch of an id that exists by then only attaches).
-            flow = handle._flow
-            encoded = flow.encode_input(handle._input, handle.execution_id, limits=rt.limits)
-            metadata = {PARENT_KEY: ctx.execution_id, PARENT_POSITION_KEY: handle.position}
-            await _dispatch(rt, rt.dispatcher, flow, encoded, handle.execution_id, metadata)
     payload = await ctx.suspend(gate)
     return _outcome(ctx, handle, payload)
 
