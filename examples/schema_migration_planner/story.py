@@ -147,7 +147,7 @@ async def act_branches(placement: Placement, say: Print = print) -> dict[str, An
     from loom.errors import GateSupersededError
     from loom.orchestration import simulate
 
-    say(f"== act: fork / simulate / promote ({placement.kind} placement)")
+    say(f"== act 3: fork / simulate / promote ({placement.kind} placement)")
     eid = "branch-add-index"
     parked = await placement.start(FLOW_ID, _job("add-index"), eid)
     say(f"  {eid}: {parked.status} at sequence {parked.last_sequence} (risk medium)")
@@ -250,7 +250,7 @@ async def act_propensity(
     """48 migrations through the epsilon-greedy logging policy, the never-run size-aware
     policy evaluated from that log with SNIPS; then the same batch logged blind."""
     n = per_kind * len(CATALOG)
-    say(f"== act 3: propensity ({placement.kind} placement)")
+    say(f"== act 4: propensity ({placement.kind} placement)")
     say(
         f"  {n} migrations; logging policy {LOGGING_POLICY.id} (epsilon "
         f"{LOGGING_POLICY.epsilon}, greedy {LOGGING_POLICY.greedy}); candidate {TARGET_POLICY.id}"
