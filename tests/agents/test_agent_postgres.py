@@ -145,3 +145,33 @@ async def test_a_failed_commit_after_the_tool_leaves_no_unnamed_blob(
     blobs, payloads = _stored(dsn, schema)
     assert len(blobs) == 2 and _named(payloads, blobs) == blobs
     await rt.close()
+
+
+async def test_votes_are_typed_events_on_postgresql_and_the_index_follows(
+    pg: tuple[str, str],
+) -> None:
+    from loom.storage import ExecutionQuery
+    from loom.storage.postgres import PostgresStore
+    from tests.agents.golden_agent import make_agent
+
+    dsn, schema = pg
+    store = await PostgresStore.open(dsn, schema=schema)
+    rt = loom.WorkflowRuntime(store, clock=SkippingClock(), timers=False)
+    agent = make_agent()
+    rt.register(agent)
+    await (await rt.start(agent, "refund o-7", execution_id="pg-v")).wait_for_suspend()
+    summary = await store.get_summary("pg-v")
+    assert summary is not None and summary.waiting_for == "agents.approval"
+    await (await loom.agents.vote(rt, "pg-v", by="alice")).wait_for_suspend()
+    result = await (await loom.agents.vote(rt, "pg-v", by="bob")).result()
+    assert result["output"] == "Both in stock; o-7 refunded."
+    events = await store.read("pg-v")
+    assert [e.payload["by"] for e in events if e.type == "agents.vote_recorded"] == [
+        "alice",
+        "bob",
+    ]
+    summary = await store.get_summary("pg-v")
+    assert summary is not None and summary.status.value == "completed"
+    page_ = await store.list_executions(ExecutionQuery(statuses=["suspended"]))
+    assert [s.execution_id for s in page_.items] == []
+    await rt.close()
