@@ -8,11 +8,11 @@ import shlex
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from tests.support.cli import LOOM, as_json, ok
 from tests.support.cli import loom as loom_cli
+from tests.support.poll import until_sync
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 
@@ -29,14 +29,13 @@ def _walkthrough() -> tuple[str, str, list[list[str]]]:
     return python["# flows.py"], python["# main.py"], commands
 
 
-def _wait_for(cwd: Path, execution_id: str, event: str, deadline: float) -> dict[str, object]:
-    while True:
+def _wait_for(cwd: Path, execution_id: str, event: str, timeout: float) -> dict[str, object]:
+    def waiting() -> dict[str, object] | None:
         state = as_json(ok(loom_cli("show", execution_id, "--json", cwd=cwd)))["state"]
-        waiting = state.get("waiting") or {}
-        if waiting.get("event_type") == event:
-            return state  # type: ignore[no-any-return]
-        assert time.monotonic() < deadline, f"{execution_id} never reached {event}: {state}"
-        time.sleep(0.2)
+        at = (state.get("waiting") or {}).get("event_type")
+        return state if at == event else None  # type: ignore[no-any-return]
+
+    return until_sync(waiting, f"{execution_id} waiting for {event}", timeout=timeout, every=0.2)
 
 
 def test_the_readme_walkthrough_from_start_to_a_woken_sleep_and_an_approved_gate(
@@ -58,7 +57,7 @@ def test_the_readme_walkthrough_from_start_to_a_woken_sleep_and_an_approved_gate
     assert "sleeping; wakes at 20" in started
     node = subprocess.Popen([LOOM, *serve[1:]], cwd=tmp_path, stderr=subprocess.PIPE, text=True)
     try:
-        state = _wait_for(tmp_path, "mig-42", "ApprovalGranted", time.monotonic() + 60)
+        state = _wait_for(tmp_path, "mig-42", "ApprovalGranted", 60)
         assert state["status"] == "suspended"
         shown = ok(loom_cli(*show[1:], cwd=tmp_path)).stdout
         assert "TIMER_FIRED" in shown and "waiting for ApprovalGranted, times out at 20" in shown

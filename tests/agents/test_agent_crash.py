@@ -11,10 +11,7 @@ except at most the interrupted one, and the conversation ends as it does without
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +20,8 @@ import pytest
 import loom
 from loom.model import ExecutionStatus
 from tests.support.flows import EffectLedger
+from tests.support.proc import run_child
 
-ROOT = Path(__file__).resolve().parents[2]
 CLEAN = {
     "model:turn-1": 1,
     "model:turn-2": 1,
@@ -37,18 +34,8 @@ FINAL = "Both in stock; o-7 refunded."
 
 
 def _child(mode: str, db: Path, eid: str, ledger: Path, faults: str | None = None) -> Any:
-    env = {**os.environ, "LOOM_TEST_LEDGER": str(ledger), "PYTHONPATH": str(ROOT)}
-    env.pop("LOOM_FAULTS", None)
-    if faults:
-        env["LOOM_FAULTS"] = faults
-    return subprocess.run(
-        [sys.executable, "-m", "tests.children.agent_crash", mode, str(db), eid],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
-    )
+    env = {"LOOM_TEST_LEDGER": str(ledger), **({"LOOM_FAULTS": faults} if faults else {})}
+    return run_child("agent_crash", mode, db, eid, env=env)
 
 
 async def _state(db: Path, eid: str) -> loom.ExecutionState | None:

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import loom
+from tests.support.poll import until
 
 MODE = {"value": "start"}
 
@@ -19,11 +20,7 @@ def marker(name: str) -> Path:
 
 
 async def wait_for(path: Path) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + 30
-    while not path.exists():  # a fixture's cross-process gate, polled with a deadline
-        assert loop.time() < deadline, f"{path} never appeared"
-        await asyncio.sleep(0.01)
+    await until(path.exists, f"{path} to appear", timeout=30)  # a fixture's cross-process gate
 
 
 async def healthy_completed() -> None:

@@ -21,6 +21,7 @@ from tests.support.cli import (
 from tests.support.cli import (
     loom as loom_cli,
 )
+from tests.support.poll import until
 
 APP = "flows:guard"
 
@@ -104,10 +105,12 @@ def test_an_open_runtime_fires_an_overdue_timer_without_being_used(tmp_path: Pat
         runtime = loom.WorkflowRuntime(loom.SQLiteStore(db))
         runtime.register(napper)
         async with runtime:  # opened; nothing started, resumed or awaited through it
-            deadline = asyncio.get_running_loop().time() + 20
-            while (state := await runtime.load_state("n1")) is None or not state.is_terminal:
-                assert asyncio.get_running_loop().time() < deadline, state
-                await asyncio.sleep(0.05)
+
+            async def ended() -> loom.ExecutionState | None:
+                state = await runtime.load_state("n1")
+                return state if state is not None and state.is_terminal else None
+
+            state = await until(ended, "n1 woken by the runtime's timers", timeout=20)
             assert state.output == "woke"
 
     asyncio.run(go())

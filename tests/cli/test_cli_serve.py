@@ -6,21 +6,23 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.support.cli import LOOM, as_json, ok, write_flows
 from tests.support.cli import loom as loom_cli
+from tests.support.poll import until_sync
 
 
-def _wait_file(path: Path, proc: subprocess.Popen[str], deadline: float) -> str:
-    while not path.exists():
+def _wait_file(path: Path, proc: subprocess.Popen[str], timeout: float = 60) -> str:
+    def written() -> bool:
         assert proc.poll() is None, proc.communicate()
-        assert time.monotonic() < deadline, f"{path} never appeared"
-        time.sleep(0.05)
+        return path.exists()
+
+    until_sync(written, f"{path} to appear", timeout=timeout)
     return path.read_text()
 
 
@@ -41,15 +43,16 @@ def test_serve_recovers_a_killed_start_and_wakes_its_sleep(tmp_path: Path) -> No
         text=True,
     )
     try:
-        summary = json.loads(_wait_file(cwd / "ready.json", node, time.monotonic() + 60))
+        summary = json.loads(_wait_file(cwd / "ready.json", node))
         assert summary["recovered"] == ["k1"] and summary["flows"] == ["guard", "note"]
-        deadline = time.monotonic() + 60
-        while True:  # recovered, slept, woken by the node's timers: now at the gate
+
+        def at_the_gate() -> dict[str, Any] | None:
             state = as_json(ok(loom_cli("show", "k1", "--json", cwd=cwd)))["state"]
-            if (state.get("waiting") or {}).get("event_type") == "ApprovalGranted":
-                break
-            assert time.monotonic() < deadline, state
-            time.sleep(0.2)
+            waiting = (state.get("waiting") or {}).get("event_type")
+            return state if waiting == "ApprovalGranted" else None
+
+        # Recovered, slept, woken by the node's timers: now at the gate.
+        state = until_sync(at_the_gate, "k1 at its gate", timeout=60, every=0.2)
     finally:
         node.send_signal(signal.SIGINT)
         _, log = node.communicate(timeout=30)
@@ -72,7 +75,7 @@ def test_worker_serve_logs_its_url_flows_and_requests(tmp_path: Path) -> None:
         env={**__import__("os").environ, "TOK": "0123456789abcdef0123"},
     )  # fmt: skip
     try:
-        port = int(_wait_file(cwd / "port", worker, time.monotonic() + 60))
+        port = int(_wait_file(cwd / "port", worker))
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=10) as answer:
             assert answer.status == 200
     finally:

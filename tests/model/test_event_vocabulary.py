@@ -4,8 +4,6 @@ store and survive a restart; an event nobody registered is UnknownEventError, no
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,19 +29,11 @@ from loom.storage import Store
 from loom.testing import TimeSkippingEnvironment, replay_flow
 from tests.children import ext_events
 from tests.support.pg import require_pg, temp_schema
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support.proc import run_child
 
 
 def fold_in_fresh_process(url: str, execution_id: str, *extra: str) -> dict[str, Any]:
-    out = subprocess.run(
-        [sys.executable, "-m", "tests.children.ext_events", url, execution_id, *extra],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
+    out = run_child("ext_events", url, execution_id, *extra, timeout=60, check=True)
     result: dict[str, Any] = json.loads(out.stdout)
     return result
 

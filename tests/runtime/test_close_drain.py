@@ -9,6 +9,7 @@ import pytest
 
 import loom
 from loom.model import ExecutionStatus
+from tests.support.poll import until
 
 RAN: Counter[str] = Counter()
 GATE = asyncio.Event()
@@ -39,19 +40,12 @@ def _fresh() -> None:
     RAN.clear()
 
 
-async def _until(predicate: object, what: str) -> None:
-    deadline = asyncio.get_running_loop().time() + 10
-    while not predicate():  # type: ignore[operator]
-        assert asyncio.get_running_loop().time() < deadline, what
-        await asyncio.sleep(0.005)
-
-
 async def test_close_with_a_drain_lets_running_executions_finish() -> None:
     store = loom.InMemoryStore()
     rt = loom.WorkflowRuntime(store)
     rt.register(two_steps)
     await rt.start(two_steps, execution_id="d-1")
-    await _until(lambda: RAN["held"] == 1, "the step never started")
+    await until(lambda: RAN["held"] == 1, "the step never started")
     closing = asyncio.ensure_future(rt.close(drain=30))
     await asyncio.sleep(0)
     with pytest.raises(loom.LoomError):
@@ -69,11 +63,11 @@ async def test_past_the_deadline_an_execution_stops_at_its_next_durable_boundary
     rt = loom.WorkflowRuntime(store)
     rt.register(two_steps)
     await rt.start(two_steps, execution_id="d-3")
-    await _until(lambda: RAN["held"] == 1, "the step never started")
+    await until(lambda: RAN["held"] == 1, "the step never started")
     closing = asyncio.ensure_future(rt.close(drain=0.05))
     # The deadline passes with the step still running; it ends after: its result is recorded
     # (the durable boundary), and nothing after it runs.
-    await _until(lambda: rt._stopping_at_boundary, "the drain deadline never passed")
+    await until(lambda: rt._stopping_at_boundary, "the drain deadline never passed")
     GATE.set()
     await closing
     state = await loom.WorkflowRuntime(store).load_state("d-3")
@@ -87,7 +81,7 @@ async def test_a_step_that_never_ends_does_not_hold_close_forever() -> None:
     rt = loom.WorkflowRuntime(store)
     rt.register(two_steps)
     await rt.start(two_steps, execution_id="d-4")
-    await _until(lambda: RAN["held"] == 1, "the step never started")
+    await until(lambda: RAN["held"] == 1, "the step never started")
     await asyncio.wait_for(rt.close(drain=0.05), 10)  # bounded: twice the drain, then cancelled
     state = await loom.WorkflowRuntime(store).load_state("d-4")
     assert state is not None and state.status is ExecutionStatus.RUNNING

@@ -5,8 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import subprocess
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -21,8 +19,9 @@ from loom.storage.tenancy import TenantScopedEventStore
 from loom.testing import SkippingClock
 from tests.support.flows import EffectLedger
 from tests.support.pg import require_pg, temp_schema
+from tests.support.poll import until
+from tests.support.proc import Child
 
-ROOT = Path(__file__).resolve().parents[2]
 BACKENDS = ["memory", "sqlite", "tenant", pytest.param("postgres", marks=pytest.mark.postgres)]
 
 
@@ -90,11 +89,13 @@ async def test_a_live_holder_is_not_judged_abandoned_and_a_stopped_one_is() -> N
     state = await holder.load_state("l-1")
     assert state is not None
     assert not await judge(state)  # no lease yet, but its log is fresh: within the grace
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + 10
-    while await store.lease_expiry("l-1") is None:  # the first beat writes the lease
-        assert loop.time() < deadline
-        await asyncio.sleep(0.005)
+
+    async def lease_written() -> bool:
+        return await store.lease_expiry("l-1") is not None
+
+    await until(
+        lease_written, "the first beat writing the lease"
+    )  # the first beat writes the lease
     assert not await judge(state)  # live: its lease runs
     assert holder.heartbeat is not None
     await holder.heartbeat.stop()  # the holder freezes: nobody renews any more
@@ -132,37 +133,35 @@ async def test_a_frozen_holder_loses_its_lease_and_is_fenced_out_when_it_wakes(
     """SIGSTOP a holder mid-step: its lease runs out, recover_abandoned(lease_expired) takes
     the execution over, and after SIGCONT the zombie's late write is refused."""
     db, ledger_path, release = tmp_path / "z.db", tmp_path / "effects.db", tmp_path / "release"
-    env = {**os.environ, "LOOM_TEST_LEDGER": str(ledger_path), "PYTHONPATH": str(ROOT)}
-    child = subprocess.Popen(
-        [sys.executable, "-m", "tests.children.lease", str(db), "zombie", str(release)],
-        env=env,
-        cwd=ROOT,
-    )
-    try:
+    env = {"LOOM_TEST_LEDGER": str(ledger_path)}
+    with Child("lease", db, "zombie", release, env=env) as child:
         ledger = EffectLedger(ledger_path)
         store = SQLiteStore(db)
         observer = loom.WorkflowRuntime(store)
         judge = loom.lease_expired(observer, grace=0.3)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 60
-        while ledger.counts("zombie").get("hold", 0) < 1:
-            assert loop.time() < deadline, "the child never reached the held step"
-            await asyncio.sleep(0.02)
+        await until(
+            lambda: ledger.counts("zombie").get("hold", 0) >= 1, "the held step", timeout=60
+        )
         state = await observer.load_state("zombie")
         assert state is not None and state.status is ExecutionStatus.RUNNING
-        while (first := await store.lease_expiry("zombie")) is None:  # the first beat
-            assert loop.time() < deadline, "the holder never took a lease"
-            await asyncio.sleep(0.02)
+
+        async def lease_written() -> bool:
+            return await store.lease_expiry("zombie") is not None
+
+        await until(lease_written, "the holder's first beat", timeout=60)
+        first = await store.lease_expiry("zombie")
+        assert first is not None
+
         # Alive: the holder keeps renewing, so its lease outlives its ttl and the grace many
         # times over, and the predicate never calls it abandoned meanwhile.
-        while (await store.lease_expiry("zombie") or 0) < first + 3:
+        async def renewed() -> bool:
             assert not await judge(state), "a live, renewing holder was judged abandoned"
-            assert loop.time() < deadline, "the holder never renewed its lease"
-            await asyncio.sleep(0.05)
-        child.send_signal(signal.SIGSTOP)
-        while not await judge(state):  # the lease (0.6 s) runs out, plus the grace
-            assert loop.time() < deadline, "a frozen holder's lease never expired"
-            await asyncio.sleep(0.05)
+            return (await store.lease_expiry("zombie") or 0) >= first + 3
+
+        await until(renewed, "the holder renewing its lease", timeout=60, every=0.05)
+        child.signal(signal.SIGSTOP)
+        # The lease (0.6 s) runs out, plus the grace.
+        await until(lambda: judge(state), "a frozen holder's lease expiring", timeout=60)
         release.touch()  # the recovered run finishes the held step at once
 
         import tests.children.lease as code
@@ -173,16 +172,11 @@ async def test_a_frozen_holder_loses_its_lease_and_is_fenced_out_when_it_wakes(
         report = await loom.recover_abandoned(observer, is_abandoned=judge, timeout=60)
         assert report.recovered == ["zombie"]
         assert report.outcomes["zombie"].status is ExecutionStatus.COMPLETED
-        child.send_signal(signal.SIGCONT)
-        assert child.wait(timeout=60) == 3  # the zombie learned it was superseded
+        child.signal(signal.SIGCONT)
+        assert child.finish()[0] == 3  # the zombie learned it was superseded
         log = await store.read("zombie")
         completed = [e for e in log if e.type is EventType.STEP_COMPLETED]
         assert [e.payload["step_id"] for e in completed] == ["before", "hold", "after"]
         assert {e.fence for e in completed[1:]} == {log[-1].fence} != {completed[0].fence}
         assert ledger.counts("zombie") == {"before": 1, "hold": 2, "after": 1}
         await observer.close()
-    finally:
-        if child.poll() is None:
-            child.send_signal(signal.SIGCONT)
-            child.kill()
-            child.wait(timeout=30)

@@ -4,32 +4,18 @@ after k recoveries while healthy executions carry on."""
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import loom
 from loom.model import ExecutionStatus
 from tests.children.poison import runtime
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support.proc import run_child
 
 
 def child(db: Path, mode: str) -> int:
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(ROOT),
-        "LOOM_POISON_DIR": str(db.parent),
-        "LOOM_POISON_DB": str(db),
-    }
-    return subprocess.run(
-        [sys.executable, "-m", "tests.children.poison", str(db), mode],
-        env=env,
-        cwd=ROOT,
-        timeout=90,
-    ).returncode
+    env = {"LOOM_POISON_DIR": str(db.parent), "LOOM_POISON_DB": str(db)}
+    return run_child("poison", db, mode, env=env, timeout=90, capture=False).returncode
 
 
 def test_a_poison_execution_is_parked_after_k_recoveries(tmp_path: Path) -> None:

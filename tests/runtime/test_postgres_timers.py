@@ -5,13 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import subprocess
-import sys
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
-from pathlib import Path
+from collections.abc import AsyncIterator, Awaitable
 from typing import Any
 
 import psycopg
@@ -27,10 +23,10 @@ from loom.testing import TIMER_CHECKS, SkippingClock
 from loom.testing._store_conformance import env
 from tests.children.timer_service import nap_until
 from tests.support.pg import require_pg, temp_schema
+from tests.support.poll import until
+from tests.support.proc import Child
 
 pytestmark = pytest.mark.postgres
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -186,7 +182,8 @@ async def test_the_runtimes_own_timer_loop_fires_a_postgres_timer(pg_dsn: str, s
         assert await handle.result(timeout=10) == "woke"
         fired = [e for e in await store.read("built-in") if e.type is EventType.TIMER_FIRED]
         assert len(fired) == 1
-        await _until(lambda: store.next_timer_due(), None)  # completed after the wake returned
+        # Completed after the wake returned.
+        await until(lambda: _is_none(store.next_timer_due()), "no timer left")
     finally:
         await runtime.close()
 
@@ -226,26 +223,8 @@ async def test_a_due_timer_claimed_before_its_wait_is_logged_still_fires(
         await runtime.close()
 
 
-async def _until(probe: Any, expected: Any, deadline: float = 10.0) -> None:
-    """Poll ``await probe()`` until it returns ``expected`` (with a deadline)."""
-    end = time.monotonic() + deadline
-    while (got := await probe()) != expected:
-        assert time.monotonic() < end, f"still {got!r}, not {expected!r}, at the deadline"
-        await asyncio.sleep(0.01)
-
-
-def _start_service(dsn: str, schema: str) -> subprocess.Popen[str]:
-    child_env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    child_env.pop("LOOM_FAULTS", None)
-    return subprocess.Popen(
-        [sys.executable, "-m", "tests.children.timer_service", dsn, schema],
-        cwd=ROOT,
-        env=child_env,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+async def _is_none(value: Awaitable[Any]) -> bool:
+    return await value is None
 
 
 async def test_two_timer_service_processes_fire_1000_timers_once_each(
@@ -255,7 +234,7 @@ async def test_two_timer_service_processes_fire_1000_timers_once_each(
     ids = [f"nap-{i:04d}" for i in range(n)]
     runtime = loom.WorkflowRuntime(await PostgresStore.open(pg_dsn, schema=schema), timers=False)
     runtime.register(nap_until)
-    services: list[subprocess.Popen[str]] = []
+    services: list[Child] = []
     try:
         due = time.time() - 1  # already passed: every timer is due once a service looks
         for chunk in range(0, n, 250):
@@ -267,19 +246,15 @@ async def test_two_timer_service_processes_fire_1000_timers_once_each(
         assert isinstance(store, PostgresStore)
         assert await store.next_timer_due() == due
 
-        services = [_start_service(pg_dsn, schema) for _ in range(2)]
+        services = [Child("timer_service", pg_dsn, schema, stdin=True) for _ in range(2)]
         for proc in services:  # the barrier: both are connected and waiting
-            assert proc.stdout is not None
-            line = await asyncio.to_thread(proc.stdout.readline)
-            assert line.strip() == "ready", proc.communicate()[1]
+            await asyncio.to_thread(proc.ready, "ready")
         for proc in services:
-            assert proc.stdin is not None
-            proc.stdin.write("go\n")
-            proc.stdin.flush()
-        outputs = [await asyncio.to_thread(proc.communicate, timeout=60) for proc in services]
-        for proc, (_, err) in zip(services, outputs, strict=True):
-            assert proc.returncode == 0, err
-        reports = [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
+            proc.send("go")
+        outputs = [await asyncio.to_thread(proc.finish, timeout=60) for proc in services]
+        for code, _, err in outputs:
+            assert code == 0, err
+        reports = [json.loads(out.strip().splitlines()[-1]) for _, out, _ in outputs]
 
         fired = [eid for report in reports for eid in report["fired"]]
         split = [len(report["fired"]) for report in reports]
@@ -302,7 +277,5 @@ async def test_two_timer_service_processes_fire_1000_timers_once_each(
         assert await store.next_timer_due() is None
     finally:
         for proc in services:
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate()
+            proc.kill()
         await runtime.close()

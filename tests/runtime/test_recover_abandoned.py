@@ -3,8 +3,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,27 +12,23 @@ from loom.model import EventType, ExecutionStatus
 from loom.storage import SQLiteStore
 from tests.children.dispatcher import orphanable
 from tests.support.flows import EffectLedger
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support.poll import until
+from tests.support.proc import Child
 
 
 async def test_finishes_what_a_killed_dispatcher_left_and_nothing_else(tmp_path: Path) -> None:
     db = tmp_path / "orphans.db"
     ledger_path = tmp_path / "effects.db"
-    env = {**os.environ, "LOOM_TEST_LEDGER": str(ledger_path), "PYTHONPATH": str(ROOT)}
-    child = subprocess.Popen(
-        [sys.executable, "-m", "tests.children.dispatcher", str(db), "orphan"], env=env, cwd=ROOT
-    )
-    try:
+    with Child("dispatcher", db, "orphan", env={"LOOM_TEST_LEDGER": str(ledger_path)}) as child:
         store = SQLiteStore(db)
+
         # Sequence 1 is step A's completion: the child is now inside step B, wedged.
-        deadline = asyncio.get_running_loop().time() + 60
-        while await store.wait_for_append("orphan", 0, timeout=1) < 1:
-            assert asyncio.get_running_loop().time() < deadline, "child never reached step B"
+        async def inside_b() -> bool:
+            return await store.wait_for_append("orphan", 0, timeout=1) >= 1
+
+        await until(inside_b, "the child inside step B", timeout=60)
         await store.close()
-    finally:
-        child.send_signal(signal.SIGKILL)
-        assert child.wait(timeout=30) == -signal.SIGKILL
+        assert child.kill() == -signal.SIGKILL
 
     os.environ["LOOM_TEST_LEDGER"] = str(ledger_path)
     runtime = loom.WorkflowRuntime(SQLiteStore(db))

@@ -12,6 +12,7 @@ import loom
 from loom.errors import ConfigurationError
 from loom.model import EventType, ExecutionStatus
 from loom.storage import SQLiteStore
+from tests.support.poll import until
 
 RAN: Counter[tuple[str, str]] = Counter()
 HOLD_S2 = asyncio.Event()  # replaced per test
@@ -47,10 +48,9 @@ async def _orphans(db: Path, ids: list[str]) -> None:
     first.register(three)
     for eid in ids:
         await first.start(three, execution_id=eid)
-    deadline = asyncio.get_running_loop().time() + 30
-    while sum(RAN[(eid, "s2")] for eid in ids) < len(ids):
-        assert asyncio.get_running_loop().time() < deadline
-        await asyncio.sleep(0.01)
+    await until(
+        lambda: sum(RAN[(eid, "s2")] for eid in ids) == len(ids), "all inside s2", timeout=30
+    )
     await first.close()
 
 
@@ -78,10 +78,11 @@ async def test_two_passes_never_take_an_execution_from_each_other(tmp_path: Path
         # asks a slow cluster): the execution moved on since B read it, so B must leave it
         # alone (it is live again, under A).
         judged[state.execution_id].set()
-        deadline = asyncio.get_running_loop().time() + 30
-        while await b.store.last_sequence(state.execution_id) <= state.last_sequence:
-            assert asyncio.get_running_loop().time() < deadline
-            await asyncio.sleep(0.005)
+
+        async def moved_on() -> bool:
+            return await b.store.last_sequence(state.execution_id) > state.last_sequence
+
+        await until(moved_on, "pass A recovering it", timeout=30, every=0.005)
         return True
 
     async def pass_b() -> loom.RecoveryReport:

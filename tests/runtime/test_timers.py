@@ -1,10 +1,7 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
-import subprocess
-import sys
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -21,8 +18,7 @@ from loom.runtime import WakeOutcome
 from loom.storage import InMemoryStore, SQLiteStore, TimerStore
 from loom.testing import TIMER_CHECKS, SkippingClock, TimeSkippingEnvironment
 from tests.support.flows import EffectLedger
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support.proc import run_child
 
 
 @pytest.mark.parametrize("check", sorted(TIMER_CHECKS))
@@ -221,24 +217,11 @@ async def test_dispatching_timer_service_wakes_each_execution_once(tmp_path: Pat
 
 def test_timer_survives_sigkill_and_fires_once_in_a_new_process(tmp_path: Path) -> None:
     db, ledger = tmp_path / "timers.db", tmp_path / "effects.db"
-    env = {**os.environ, "LOOM_TEST_LEDGER": str(ledger), "PYTHONPATH": str(ROOT)}
-    setter = subprocess.run(
-        [sys.executable, "-m", "tests.children.timer", "set", str(db), "nap"],
-        env={**env, "LOOM_FAULTS": "after_suspend_recorded=kill"},
-        cwd=ROOT,
-        timeout=60,
-        capture_output=True,
-        text=True,
-    )
+    env = {"LOOM_TEST_LEDGER": str(ledger)}
+    faults = {"LOOM_FAULTS": "after_suspend_recorded=kill"}
+    setter = run_child("timer", "set", db, "nap", env={**env, **faults}, timeout=60)
     assert setter.returncode == -signal.SIGKILL, setter.stderr
-    firer = subprocess.run(
-        [sys.executable, "-m", "tests.children.timer", "fire", str(db), "nap"],
-        env=env,
-        cwd=ROOT,
-        timeout=60,
-        capture_output=True,
-        text=True,
-    )
+    firer = run_child("timer", "fire", db, "nap", env=env, timeout=60)
     assert firer.returncode == 0, firer.stderr
     assert firer.stdout.strip() == "woke"
     assert EffectLedger(ledger).counts("nap") == {"after-sleep": 1}

@@ -26,6 +26,7 @@ from loom.storage.postgres import SCHEMA_VERSION, PostgresStore
 from loom.testing import STORE_CHECKS, run_store_check
 from loom.testing._store_conformance import env
 from tests.support.pg import require_pg, tagged_dsn, temp_schema, terminate
+from tests.support.poll import until
 
 pytestmark = pytest.mark.postgres
 
@@ -348,7 +349,7 @@ async def test_wait_for_append_is_woken_by_another_process_store(pg_dsn: str, sc
         fence = await writer.acquire_fence("far")
         await writer.append([env("far", 0, fence)])
         waiting = asyncio.ensure_future(waiter.wait_for_append("far", 0, timeout=30))
-        await _until(lambda: waiter._listening.is_set() and "far" in waiter._waiting)
+        await until(lambda: waiter._listening.is_set() and "far" in waiter._waiting, "listening")
         await writer.append([env("far", 1, fence)])
         assert await asyncio.wait_for(waiting, 10) == 1
     finally:
@@ -370,19 +371,12 @@ async def test_listener_reconnects_after_its_session_is_terminated(
         assert await waiter.wait_for_append("re", 0, timeout=0.01) == 0  # starts the listener
         assert terminate(pg_dsn, tag) >= 1
         waiting = asyncio.ensure_future(waiter.wait_for_append("re", 0, timeout=30))
-        await _until(lambda: waiter._listening.is_set() and "re" in waiter._waiting)
+        await until(lambda: waiter._listening.is_set() and "re" in waiter._waiting, "listening")
         await writer.append([env("re", 1, fence)])
         assert await asyncio.wait_for(waiting, 10) == 1
     finally:
         await writer.close()
         await waiter.close()
-
-
-async def _until(predicate: Any, deadline: float = 10.0) -> None:
-    end = time.monotonic() + deadline
-    while not predicate():
-        assert time.monotonic() < end, "condition not reached before the deadline"
-        await asyncio.sleep(0.005)
 
 
 async def test_reads_survive_terminated_pool_connections(pg_dsn: str, schema: str) -> None:

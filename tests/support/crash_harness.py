@@ -4,18 +4,16 @@ recover it from a fresh process, and check the effect ledger and the log."""
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import loom
 from loom.model import EventType
 from tests.support.flows import EffectLedger
+from tests.support.proc import run_child
 
-ROOT = Path(__file__).resolve().parents[2]
 STEPS = [f"step-{i}" for i in range(1, 6)]
 
 
@@ -32,18 +30,8 @@ class CrashOutcome:
 def _run_child(
     mode: str, db: Path, eid: str, ledger: Path, faults: str | None
 ) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "LOOM_TEST_LEDGER": str(ledger), "PYTHONPATH": str(ROOT)}
-    env.pop("LOOM_FAULTS", None)
-    if faults:
-        env["LOOM_FAULTS"] = faults
-    return subprocess.run(
-        [sys.executable, "-m", "tests.children.crash", mode, str(db), eid],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
-    )
+    env = {"LOOM_TEST_LEDGER": str(ledger), **({"LOOM_FAULTS": faults} if faults else {})}
+    return run_child("crash", mode, db, eid, env=env)
 
 
 def crash_and_recover(workdir: Path, point: str, on_hit: int) -> CrashOutcome:

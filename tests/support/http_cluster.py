@@ -9,12 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
 import sqlite3
 import subprocess
-import sys
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,58 +20,28 @@ import httpx
 from loom.model import EventType
 from loom.storage import Store
 from tests.support.http_keys import AUDIENCE, kit
+from tests.support.poll import until
+from tests.support.proc import Child
 
-ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "e2e-worker-token-0123456789abcdef"
 STARTUP_DEADLINE = 30.0
 
 
-async def until(
-    check: Callable[[], Awaitable[bool]], *, timeout: float, what: str, every: float = 0.05
-) -> None:
-    """Poll ``check`` until it holds; fail with ``what`` at the deadline."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not await check():
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(every)
+class Proc(Child):
+    """One process of a cluster, its stdout and stderr in ``log``."""
 
-
-def _tail(path: Path, lines: int = 40) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "<no log>"
-
-
-@dataclass
-class Proc:
-    name: str
-    popen: subprocess.Popen[bytes]
-    log: Path
-    url: str = ""
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    def kill(self) -> None:
-        """SIGKILL, and reap it."""
-        if self.popen.poll() is None:
-            self.popen.send_signal(signal.SIGKILL)
-        self.popen.wait(timeout=30)
+    def __init__(self, name: str, module: str, *args: str, env: dict[str, str], log: Path) -> None:
+        super().__init__(module, *args, env=env, drop=("LOOM_TEST_HOLD_DIR",), log=log)
+        self.name = name
+        self.url = ""
 
     async def exited(self, timeout: float) -> int:
         try:
             return await asyncio.to_thread(self.popen.wait, timeout)
         except subprocess.TimeoutExpired:
             raise AssertionError(
-                f"{self.name} did not exit within {timeout}s; its log:\n{_tail(self.log)}"
+                f"{self.name} did not exit within {timeout}s; its log:\n{self.tail()}"
             ) from None
-
-    def tail(self) -> str:
-        return _tail(self.log)
 
 
 @dataclass
@@ -100,24 +66,18 @@ class Cluster:
         return self.tmp / "certs.json"
 
     def env(self, **extra: str) -> dict[str, str]:
-        env = {
-            **os.environ,
-            "PYTHONPATH": str(ROOT),
+        """What a process of this cluster sets in its environment (LOOM_TEST_HOLD_DIR only
+        when ``extra`` names it)."""
+        return {
             "LOOM_TEST_STORE": self.spec,
             "LOOM_TEST_LEDGER": str(self.ledger),
             "LOOM_TEST_WORKER_TOKEN": TOKEN,
+            **extra,
         }
-        env.pop("LOOM_TEST_HOLD_DIR", None)
-        env.update(extra)
-        return env
 
     def spawn(self, name: str, args: list[str], env: dict[str, str]) -> Proc:
-        log = self.tmp / f"{name}.log"
-        with open(log, "wb") as out:
-            popen = subprocess.Popen(
-                [sys.executable, *args], env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT
-            )
-        proc = Proc(name, popen, log)
+        assert args[0] == "-m", args
+        proc = Proc(name, args[1], *args[2:], env=env, log=self.tmp / f"{name}.log")
         self.procs.append(proc)
         return proc
 
@@ -152,7 +112,7 @@ class Cluster:
                         raise AssertionError(f"{proc.name} died at startup:\n{proc.tail()}")
                     return await asyncio.to_thread(port_file.exists)
 
-                await until(has_port, timeout=STARTUP_DEADLINE, what=f"{proc.name}'s port")
+                await until(has_port, f"{proc.name}'s port", timeout=STARTUP_DEADLINE, every=0.05)
                 proc.url = f"http://127.0.0.1:{int(port_file.read_text())}"
 
                 async def healthy(proc: Proc = proc) -> bool:
@@ -162,7 +122,9 @@ class Cluster:
                         return False
                     return response.status_code == 200
 
-                await until(healthy, timeout=STARTUP_DEADLINE, what=f"{proc.name}'s /healthz")
+                await until(
+                    healthy, f"{proc.name}'s /healthz", timeout=STARTUP_DEADLINE, every=0.05
+                )
         return [proc for proc, _ in started]
 
     def dispatcher(

@@ -7,16 +7,13 @@ from __future__ import annotations
 import asyncio
 import fcntl
 import json
-import os
 import random
 import sqlite3
 import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -25,8 +22,7 @@ from loom.storage import SQLiteStore, Store
 from loom.storage.postgres import PostgresStore
 from loom.testing._store_conformance import env
 from tests.support.pg import tagged_dsn, terminate
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support.proc import Child
 
 __all__ = [
     "Target",
@@ -73,31 +69,21 @@ class Target:
         return out
 
 
-class Child:
-    """One store process."""
+class StoreChild(Child):
+    """One store process (tests/children/store.py), driven by JSON lines; faults only where
+    a scenario arms them."""
 
     def __init__(self, env_extra: dict[str, str] | None = None) -> None:
-        child_env = dict(os.environ)
-        child_env.pop("LOOM_FAULTS", None)  # faults only where a scenario arms them
-        child_env.update(env_extra or {})
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.children.store"],
-            cwd=ROOT,
-            env=child_env,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
+        super().__init__("store", env=env_extra, stdin=True, stderr=False)
+        self.proc = self.popen
 
-    def send(self, cmd: dict[str, Any]) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps(cmd) + "\n")
-        self.proc.stdin.flush()
+    def send(self, cmd: dict[str, Any]) -> None:  # type: ignore[override]
+        super().send(json.dumps(cmd))
 
     def recv(self) -> dict[str, Any] | None:
         """The next answer line, or None once the process has ended (killed)."""
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
+        assert self.popen.stdout is not None
+        line = self.popen.stdout.readline()
         return json.loads(line) if line else None
 
     def call(self, cmd: dict[str, Any]) -> dict[str, Any]:
@@ -123,8 +109,8 @@ class Child:
 
 
 @contextmanager
-def children(n: int, env_extra: dict[str, str] | None = None) -> Iterator[list[Child]]:
-    procs = [Child(env_extra) for _ in range(n)]
+def children(n: int, env_extra: dict[str, str] | None = None) -> Iterator[list[StoreChild]]:
+    procs = [StoreChild(env_extra) for _ in range(n)]
     try:
         yield procs
     finally:

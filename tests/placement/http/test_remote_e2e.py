@@ -28,9 +28,10 @@ from loom.placement.http import (
     RemoteWorkerError,
     RemoteWorkerRuntime,
 )
-from tests.support.http_cluster import TOKEN, Cluster, Proc, read_jsonl, until
+from tests.support.http_cluster import TOKEN, Cluster, Proc, read_jsonl
 from tests.support.http_flows import open_store
 from tests.support.http_keys import AUDIENCE, kit
+from tests.support.poll import until
 
 
 @asynccontextmanager
@@ -97,7 +98,9 @@ async def test_a_worker_killed_mid_step_fails_over_and_nothing_is_lost_or_duplic
         settled = {line["execution_id"] for line in read_jsonl(out) if "status" in line}
         return set(ids) <= cluster.held_by(a) | settled
 
-    await until(everyone_placed, timeout=60, what="every execution done on B or inside A's step")
+    await until(
+        everyone_placed, "every execution done on B or inside A's step", timeout=60, every=0.05
+    )
     killed = cluster.held_by(a)
     # Round robin placed every other execution on A, and each of those is inside the step.
     assert len(killed) == (n + 1) // 2, killed
@@ -137,7 +140,7 @@ async def test_a_killed_dispatcher_leaves_nothing_behind_after_a_recovery_pass(
         _alive(dispatcher)
         return set(ids) <= cluster.held_by(a) | cluster.held_by(b)
 
-    await until(all_in_flight, timeout=60, what="every execution inside a worker's step")
+    await until(all_in_flight, "every execution inside a worker's step", timeout=60, every=0.05)
     # The host running the dispatcher and worker A is lost: both SIGKILLed, executions in flight.
     dispatcher.kill()
     a.kill()
@@ -158,7 +161,7 @@ async def test_a_killed_dispatcher_leaves_nothing_behind_after_a_recovery_pass(
     async def all_completed() -> bool:
         return all([await _completed(cluster, eid) for eid in ids])
 
-    await until(all_completed, timeout=60, what="B to finish its executions")
+    await until(all_completed, "B to finish its executions", timeout=60, every=0.05)
     for eid in ids:
         types = await cluster.check_log(eid)
         if eid in on_a:
@@ -225,10 +228,10 @@ async def test_two_workers_racing_one_execution_the_loser_answers_409(cluster: C
         async def inside(proc: Proc) -> bool:
             return "race-1" in cluster.held_by(proc)
 
-        await until(lambda: inside(a), timeout=30, what="A inside the step")
+        await until(lambda: inside(a), "A inside the step", timeout=30, every=0.05)
         # A duplicate dispatch to B takes a newer fence and resumes the execution there.
         second = asyncio.ensure_future(via_b.dispatch(package))
-        await until(lambda: inside(b), timeout=30, what="B inside the step")
+        await until(lambda: inside(b), "B inside the step", timeout=30, every=0.05)
         # A finishes its step first: its write is refused (B holds the newer fence) while the
         # execution is still running, so A answers the superseded 409. (Had B already finished,
         # A would simply report the finished outcome; both are fine, neither is retried.)
@@ -328,8 +331,8 @@ async def test_sigterm_drains_in_flight_work_and_leaves_the_rest_resumable(
         async def both_inside() -> bool:
             return {"drain-1", "drain-2"} <= cluster.held_by(a)
 
-        await until(both_inside, timeout=30, what="both executions inside A's step")
-        a.popen.send_signal(signal.SIGTERM)  # what a platform does before it stops a container
+        await until(both_inside, "both executions inside A's step", timeout=30, every=0.05)
+        a.signal(signal.SIGTERM)  # what a platform does before it stops a container
         cluster.release("drain-1")  # finishes within the drain bound; drain-2 never does
         done = await finishing
         assert done.status is ExecutionStatus.COMPLETED  # answered although A was stopping
