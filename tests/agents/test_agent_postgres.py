@@ -90,8 +90,9 @@ async def test_a_turn_is_two_writes_and_the_blob_rides_in_the_tool_steps(
     assert writes["append+blobs"] == turns + 1, writes  # every tool step + the first model call
     snapshots = writes["snapshot"]
     total = sum(writes.values()) - snapshots
-    # start + (model + tool) per turn + the last model call + outcome + completion
-    assert total == 1 + 2 * turns + 1 + 2, writes
+    # start + (model + tool) per turn + the last model call + the completion (which carries
+    # the agent's outcome record)
+    assert total == 1 + 2 * turns + 1 + 1, writes
     blobs, payloads = _stored(dsn, schema)
     assert len(blobs) == turns + 1 and _named(payloads, blobs) == blobs
 

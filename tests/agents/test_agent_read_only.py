@@ -84,8 +84,8 @@ async def test_read_only_turns_are_one_commit_each(tmp_path: Path) -> None:
     store, result = await run(tmp_path, [lookup, write], lookups())
     assert result["output"] == "done" and result["turns"] == TURNS + 1
     assert [f"k{i}" for i in range(TURNS)] == READS
-    # one per read-only turn + the last model call + outcome + completion
-    assert store.commits == TURNS + 1 + 1 + 1
+    # one per read-only turn + the last model call + the completion (with the outcome)
+    assert store.commits == TURNS + 1 + 1
     events = await loom.SQLiteStore(tmp_path / "ro.db").read("ro-1")
     kinds = [str(e.type) for e in events]
     assert kinds.count("agents.model_called") == TURNS + 1
@@ -102,9 +102,9 @@ async def test_a_turn_with_an_effectful_tool_keeps_two_commits(tmp_path: Path) -
         reply("done"),
     ]
     store, _ = await run(tmp_path, [lookup, write], script)
-    # turn 1: model + lookup + write; turn 2: model + write; last model, outcome, completion:
-    # nothing shared a commit, because each turn asks for an effect.
-    assert store.commits == 3 + 2 + 1 + 1 + 1
+    # turn 1: model + lookup + write; turn 2: model + write; last model, completion (with the
+    # outcome): no model call shared a commit, because each turn asks for an effect.
+    assert store.commits == 3 + 2 + 1 + 1
 
 
 async def test_a_read_only_tool_behind_an_approval_is_not_shared(tmp_path: Path) -> None:

@@ -28,6 +28,7 @@ from loom.llm import (
     Usage,
     canonical_json,
 )
+from loom.model import DecisionRecorded, OpKind
 from loom.runtime import CallNext, Flow, RetryPolicy, Step, StepCall, WorkflowContext
 from loom.runtime._sdk import _Codec
 
@@ -373,7 +374,11 @@ class Agent(Flow[Any, dict[str, Any]]):
             "cost": cost,
             "exhausted": exhausted,
         }
-        await ctx.decide(f"agents.outcome:{self.id}", lambda: record)
+        # The outcome sums up what the log holds, so replay recomputes it: it rides with the
+        # next write (the flow's completion when the agent is the flow), not a commit of its own.
+        pos, recorded = ctx.claim_position(OpKind.DECISION, f"agents.outcome:{self.id}")
+        if recorded is None:
+            ctx.record_later(DecisionRecorded(pos, f"agents.outcome:{self.id}", record))
         return AgentResult(output, outcome, turns, usage, cost, text, exhausted)
 
     async def _model_call(

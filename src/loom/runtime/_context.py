@@ -230,6 +230,18 @@ class WorkflowContext:
             return
         await self._driver.append(list(events))
 
+    def record_later(self, *events: EventPayload) -> None:
+        """Append events of registered types with this execution's next durable write (the
+        flow's next step, wait or outcome) instead of a commit of their own.
+
+        Not durable, and not folded, until then: a crash before it loses them. Use it only
+        for a record the flow recomputes identically when it replays to this point (a summary
+        of what the log already holds), never for a value of the outside world. Raises
+        :class:`PayloadError` now for one that cannot be stored.
+        """
+        for event in events:
+            self._driver.defer(event)
+
     @property
     def simulation(self) -> bool:
         """True in a branch forked for a simulation (``runtime.simulate``, or
