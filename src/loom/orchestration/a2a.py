@@ -44,7 +44,7 @@ except ModuleNotFoundError as exc:  # pragma: no cover - depends on the install
 from loom.errors import ResumeError
 from loom.model import ExecutionState
 from loom.orchestration._bus import InProcessA2ABus
-from loom.orchestration._errors import TaskNotFoundError, TaskTerminalError
+from loom.orchestration._errors import TaskNotFoundError, TaskTerminalError, UnknownAgentError
 from loom.orchestration._tasks import Task, TaskState
 
 __all__ = ["A2A_ERRORS", "PROTOCOL_VERSION", "agent_card_json", "create_a2a_app", "task_json"]
@@ -258,6 +258,8 @@ def create_a2a_app(
             )
         except TaskTerminalError as exc:
             raise _RpcError("unsupported_operation", exc.message) from exc
+        except UnknownAgentError as exc:  # a task id of another agent: not this agent's task
+            raise _RpcError("task_not_found", exc.message) from exc
         except ResumeError as exc:  # a malformed or refused decision: nothing recorded
             raise _RpcError("invalid_params", exc.message) from exc
 
