@@ -254,3 +254,23 @@ async def test_server_killed_mid_task_loses_nothing(tmp_path: Path) -> None:
         log = await rt.store.read(task_id)
     assert [e.type for e in log].count(EventType.EXECUTION_STARTED) == 1
     assert EventType.EXECUTION_RECOVERED in [e.type for e in log]
+
+
+async def test_subscribe_follows_a_task_started_without_waiting(review_server: Server) -> None:
+    poller = await create_client(review_server.url, ClientConfig(streaming=False, polling=True))
+    streamer = await create_client(review_server.url, ClientConfig(streaming=True))
+    try:
+        (first,) = await _send(poller, _message(text="a draft", message_id="sub-1"))
+        task_id = first.task.id
+        events = [e async for e in streamer.subscribe(pb.SubscribeToTaskRequest(id=task_id))]
+        assert events[0].HasField("task") and events[0].task.id == task_id
+        last = events[-1]
+        state = (
+            last.status_update.status.state
+            if last.HasField("status_update")
+            else last.task.status.state
+        )
+        assert state == pb.TASK_STATE_INPUT_REQUIRED
+    finally:
+        await poller.close()
+        await streamer.close()
