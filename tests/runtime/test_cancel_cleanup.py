@@ -11,6 +11,7 @@ import loom
 from loom.errors import ExecutionCancelledError
 from loom.model import EventType, ExecutionStatus
 from loom.testing import TimeSkippingEnvironment
+from tests.conftest import Backend
 
 EFFECTS: list[str] = []
 
@@ -60,8 +61,8 @@ async def plain(ctx: loom.WorkflowContext, item: str) -> str:
 
 
 @pytest.fixture
-async def env() -> Any:
-    e = TimeSkippingEnvironment()
+async def env(backend: Backend) -> Any:
+    e = TimeSkippingEnvironment(backend.store())
     yield e
     await e.close()
 

@@ -23,6 +23,7 @@ from loom.errors import (
 )
 from loom.model import EventType
 from loom.testing import TimeSkippingEnvironment
+from tests.conftest import Backend
 
 
 class CardDeclined(TerminalError):
@@ -68,9 +69,9 @@ async def semantics(ctx: loom.WorkflowContext) -> dict[str, Any]:
     return out
 
 
-async def test_the_error_decides_whether_and_when_a_step_is_retried() -> None:
+async def test_the_error_decides_whether_and_when_a_step_is_retried(backend: Backend) -> None:
     calls.clear()
-    env = TimeSkippingEnvironment()
+    env = TimeSkippingEnvironment(backend.store())
     env.runtime.register(semantics)
     handle = await env.runtime.start(semantics, execution_id="sem")
     assert await env.result(handle) == {

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,14 +17,13 @@ from loom.errors import (
 )
 from loom.model import EventType, ExecutionStatus
 from loom.runtime.recovery import recover_abandoned
-from loom.storage import InMemoryStore, SQLiteStore
 from loom.testing import SkippingClock
+from tests.conftest import Backend
 
 
-@pytest.fixture(params=["memory", "sqlite"])
-async def runtime(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
-    store = InMemoryStore() if request.param == "memory" else SQLiteStore(tmp_path / "d.db")
-    rt = loom.WorkflowRuntime(store, clock=SkippingClock())
+@pytest.fixture
+async def runtime(backend: Backend) -> Any:
+    rt = loom.WorkflowRuntime(backend.store(), clock=SkippingClock())
     yield rt
     await rt.close()
 

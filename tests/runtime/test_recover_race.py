@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from pathlib import Path
 
 import pytest
 
 import loom
 from loom.errors import ConfigurationError
 from loom.model import EventType, ExecutionStatus
-from loom.storage import SQLiteStore
+from tests.conftest import DURABLE, Backend
 from tests.support.poll import until
 
 RAN: Counter[tuple[str, str]] = Counter()
@@ -42,9 +41,9 @@ async def three(ctx: loom.WorkflowContext) -> str:
     return await ctx.run(S1) + await ctx.run(S2) + await ctx.run(S3)
 
 
-async def _orphans(db: Path, ids: list[str]) -> None:
+async def _orphans(backend: Backend, ids: list[str]) -> None:
     """Executions left running inside s2 by a runtime that closed (its holder is gone)."""
-    first = loom.WorkflowRuntime(SQLiteStore(db))
+    first = loom.WorkflowRuntime(backend.store())
     first.register(three)
     for eid in ids:
         await first.start(three, execution_id=eid)
@@ -54,16 +53,16 @@ async def _orphans(db: Path, ids: list[str]) -> None:
     await first.close()
 
 
-async def test_two_passes_never_take_an_execution_from_each_other(tmp_path: Path) -> None:
+@pytest.mark.parametrize("backend", DURABLE, indirect=True)
+async def test_two_passes_never_take_an_execution_from_each_other(backend: Backend) -> None:
     global HOLD_S2, RELEASE_S3
     HOLD_S2, RELEASE_S3 = asyncio.Event(), asyncio.Event()
     RAN.clear()
-    db = tmp_path / "orphans.db"
     ids = ["o1", "o2", "o3"]
-    await _orphans(db, ids)
+    await _orphans(backend, ids)
     HOLD_S2.set()
-    a = loom.WorkflowRuntime(SQLiteStore(db))
-    b = loom.WorkflowRuntime(SQLiteStore(db))
+    a = loom.WorkflowRuntime(backend.store())
+    b = loom.WorkflowRuntime(backend.store())
     a.register(three)
     b.register(three)
 

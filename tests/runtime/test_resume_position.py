@@ -14,6 +14,7 @@ from loom.cli import app
 from loom.model import ExecutionStatus
 from loom.placement import ExecutionPackage, LocalWorkerRuntime, ResumeEvent
 from loom.storage import SQLiteStore
+from tests.conftest import Backend
 
 
 class Approval(pydantic.BaseModel):
@@ -40,8 +41,10 @@ async def _at_second_gate(rt: loom.WorkflowRuntime, eid: str) -> int:
     return first.waiting.position
 
 
-async def test_a_duplicate_of_the_first_decision_cannot_decide_the_second_gate() -> None:
-    rt = loom.WorkflowRuntime(loom.InMemoryStore())
+async def test_a_duplicate_of_the_first_decision_cannot_decide_the_second_gate(
+    backend: Backend,
+) -> None:
+    rt = loom.WorkflowRuntime(backend.store())
     rt.register(two_approvals)
     first_position = await _at_second_gate(rt, "g-1")
     before = await rt.store.read("g-1")

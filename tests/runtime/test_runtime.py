@@ -23,16 +23,16 @@ from loom.errors import (
 from loom.model import EventType, ExecutionStatus
 from loom.storage import InMemoryStore, SQLiteStore
 from loom.testing import SkippingClock
+from tests.conftest import DURABLE, Backend
 from tests.support.flows import MigrationInput, migration_guard
 
 INPUT = MigrationInput(table="orders", ddl="ALTER TABLE orders ADD COLUMN note text")
 APPROVE = {"approved": True, "approved_by": "dba"}
 
 
-@pytest.fixture(params=["memory", "sqlite"])
-async def runtime(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
-    store = InMemoryStore() if request.param == "memory" else SQLiteStore(tmp_path / "rt.db")
-    rt = loom.WorkflowRuntime(store, clock=SkippingClock())
+@pytest.fixture
+async def runtime(backend: Backend) -> Any:
+    rt = loom.WorkflowRuntime(backend.store(), clock=SkippingClock())
     rt.register(migration_guard)
     yield rt
     await rt.close()
@@ -117,8 +117,9 @@ async def test_a_gate_decides_once(runtime: loom.WorkflowRuntime) -> None:
     assert len(resumed) == 1
 
 
-async def test_non_determinism_names_position_and_steps(tmp_path: Path) -> None:
-    store = SQLiteStore(tmp_path / "nd.db")
+@pytest.mark.parametrize("backend", DURABLE, indirect=True)
+async def test_non_determinism_names_position_and_steps(backend: Backend) -> None:
+    store = backend.store()
 
     @loom.step(id="a")
     async def a() -> str:
@@ -145,7 +146,7 @@ async def test_non_determinism_names_position_and_steps(tmp_path: Path) -> None:
         await ctx.run(a)
         await ctx.suspend("Go")
 
-    rt2 = loom.WorkflowRuntime(SQLiteStore(tmp_path / "nd.db"))
+    rt2 = loom.WorkflowRuntime(backend.store())
     rt2.register(v1_changed)
     before = await _log(rt2, "nd")
     handle = await rt2.resume("nd", "Go", {})
@@ -163,9 +164,9 @@ async def test_non_determinism_names_position_and_steps(tmp_path: Path) -> None:
     await rt2.close()
 
 
-async def test_decide_is_recorded_once_and_replayed() -> None:
+async def test_decide_is_recorded_once_and_replayed(backend: Backend) -> None:
     calls: list[int] = []
-    rt = loom.WorkflowRuntime(InMemoryStore())
+    rt = loom.WorkflowRuntime(backend.store())
 
     @loom.flow(id="decider")
     async def decider(ctx: loom.WorkflowContext) -> int:
@@ -180,9 +181,9 @@ async def test_decide_is_recorded_once_and_replayed() -> None:
     await rt.close()
 
 
-async def test_retry_policy_records_every_attempt() -> None:
+async def test_retry_policy_records_every_attempt(backend: Backend) -> None:
     clock = SkippingClock()
-    rt = loom.WorkflowRuntime(InMemoryStore(), clock=clock)
+    rt = loom.WorkflowRuntime(backend.store(), clock=clock)
     attempts: list[int] = []
 
     @loom.step(id="flaky", retry=loom.RetryPolicy(max_attempts=3, initial_backoff=2.0))
@@ -227,8 +228,8 @@ async def test_retry_policy_records_every_attempt() -> None:
     await rt.close()
 
 
-async def test_uncaught_step_failure_fails_the_execution() -> None:
-    rt = loom.WorkflowRuntime(InMemoryStore())
+async def test_uncaught_step_failure_fails_the_execution(backend: Backend) -> None:
+    rt = loom.WorkflowRuntime(backend.store())
 
     @loom.step(id="explode")
     def explode() -> None:
@@ -248,8 +249,8 @@ async def test_uncaught_step_failure_fails_the_execution() -> None:
     await rt.close()
 
 
-async def test_unstorable_step_output_is_a_step_failure() -> None:
-    rt = loom.WorkflowRuntime(InMemoryStore())
+async def test_unstorable_step_output_is_a_step_failure(backend: Backend) -> None:
+    rt = loom.WorkflowRuntime(backend.store())
 
     @loom.step(id="nan")
     async def nan() -> float:
@@ -305,7 +306,8 @@ async def test_load_state_reads_snapshot_plus_tail(tmp_path: Path) -> None:
     await rt.close()
 
 
-async def test_pinned_to_the_version_it_started_with(tmp_path: Path) -> None:
+@pytest.mark.parametrize("backend", DURABLE, indirect=True)
+async def test_pinned_to_the_version_it_started_with(backend: Backend) -> None:
     ran: list[str] = []
 
     def make(version: str) -> loom.Flow[Any, str]:
@@ -317,12 +319,12 @@ async def test_pinned_to_the_version_it_started_with(tmp_path: Path) -> None:
 
         return pinned
 
-    rt = loom.WorkflowRuntime(SQLiteStore(tmp_path / "pin.db"))
+    rt = loom.WorkflowRuntime(backend.store())
     rt.register(make("1"))
     await (await rt.start("pinned", execution_id="p")).wait_for_suspend()
     await rt.close()
 
-    rt2 = loom.WorkflowRuntime(SQLiteStore(tmp_path / "pin.db"))
+    rt2 = loom.WorkflowRuntime(backend.store())
     rt2.register(make("2"))
     with pytest.raises(FlowNotFoundError, match="version '1' is not registered"):
         await rt2.resume("p", "Go", {})
@@ -372,8 +374,8 @@ async def test_corrupt_record_is_refused_for_its_execution_only(tmp_path: Path) 
     await rt2.close()
 
 
-async def test_concurrent_steps_in_one_flow() -> None:
-    rt = loom.WorkflowRuntime(InMemoryStore())
+async def test_concurrent_steps_in_one_flow(backend: Backend) -> None:
+    rt = loom.WorkflowRuntime(backend.store())
 
     @loom.step(id="square")
     async def square(x: int) -> int:

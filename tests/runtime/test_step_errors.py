@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -11,8 +10,8 @@ import pytest
 import loom
 from loom.errors import ConfigurationError, StepFailedError
 from loom.model import EventType, ExecutionStatus
-from loom.storage import SQLiteStore
 from loom.testing import SkippingClock
+from tests.conftest import Backend
 
 
 @loom.register_error
@@ -74,9 +73,10 @@ async def untyped(ctx: loom.WorkflowContext) -> str:
     return "no"
 
 
-async def test_a_registered_error_is_caught_by_type_first_run_and_replay(tmp_path: Path) -> None:
-    path = tmp_path / "e.db"
-    rt = loom.WorkflowRuntime(SQLiteStore(path), clock=SkippingClock())
+async def test_a_registered_error_is_caught_by_type_first_run_and_replay(
+    backend: Backend,
+) -> None:
+    rt = loom.WorkflowRuntime(backend.store(), clock=SkippingClock())
     CALLS.clear()
     handle = await rt.start(checkout, 42, execution_id="co-1")
     first = await handle.result(timeout=10)
@@ -93,7 +93,7 @@ async def test_a_registered_error_is_caught_by_type_first_run_and_replay(tmp_pat
     # and the failed step is not run again.
     from loom.testing import replay_flow
 
-    rt2 = loom.WorkflowRuntime(SQLiteStore(path), clock=SkippingClock())
+    rt2 = loom.WorkflowRuntime(backend.store(), clock=SkippingClock())
     log = await rt2.store.read("co-1")
     state = await replay_flow(checkout, log)
     assert state.status is ExecutionStatus.COMPLETED and state.output == expected
@@ -204,13 +204,13 @@ async def quick(ctx: loom.WorkflowContext) -> str:
     return "done"
 
 
-async def test_an_execution_deadline_cancels_it_with_a_recorded_reason() -> None:
+async def test_an_execution_deadline_cancels_it_with_a_recorded_reason(backend: Backend) -> None:
     from datetime import timedelta
 
     from loom.errors import ExecutionCancelledError, NotWaitingError
     from loom.testing import TimeSkippingEnvironment
 
-    env = TimeSkippingEnvironment()
+    env = TimeSkippingEnvironment(backend.store())
     handle = await env.runtime.start(
         waits_forever, None, execution_id="dl-1", deadline=timedelta(hours=2)
     )

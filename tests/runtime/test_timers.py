@@ -17,6 +17,7 @@ from loom.placement import LocalDispatcher, LocalWorkerRuntime, dispatching_time
 from loom.runtime import WakeOutcome
 from loom.storage import InMemoryStore, SQLiteStore, TimerStore
 from loom.testing import TIMER_CHECKS, SkippingClock, TimeSkippingEnvironment
+from tests.conftest import Backend
 from tests.support.flows import EffectLedger
 from tests.support.proc import run_child
 
@@ -62,9 +63,9 @@ async def gated(ctx: loom.WorkflowContext) -> str:
 
 
 @pytest.fixture
-async def env() -> Any:
+async def env(backend: Backend) -> Any:
     ran.clear()
-    e = TimeSkippingEnvironment()
+    e = TimeSkippingEnvironment(backend.store())
     e.runtime.register(month_long, gated)
     yield e
     await e.close()
@@ -152,7 +153,7 @@ async def test_cancel_clears_timers_and_nothing_runs_after(env: TimeSkippingEnvi
         await env.runtime.handle("c").result()
 
 
-async def test_cancel_racing_a_running_step(tmp_path: Path) -> None:
+async def test_cancel_racing_a_running_step(backend: Backend) -> None:
     """The holder's step completes after the cancel: its record is refused by the fence."""
     release = asyncio.Event()
     entered = asyncio.Event()
@@ -174,9 +175,8 @@ async def test_cancel_racing_a_running_step(tmp_path: Path) -> None:
         await ctx.run(slow)
         return await ctx.run(later_step)
 
-    db = tmp_path / "cancel.db"
-    holder = loom.WorkflowRuntime(SQLiteStore(db))
-    operator = loom.WorkflowRuntime(SQLiteStore(db))
+    holder = loom.WorkflowRuntime(backend.store())
+    operator = loom.WorkflowRuntime(backend.store())
     for rt in (holder, operator):
         rt.register(cancellable)
     handle = await holder.start(cancellable, execution_id="race")
@@ -194,9 +194,9 @@ async def test_cancel_racing_a_running_step(tmp_path: Path) -> None:
     await operator.close()
 
 
-async def test_dispatching_timer_service_wakes_each_execution_once(tmp_path: Path) -> None:
+async def test_dispatching_timer_service_wakes_each_execution_once(backend: Backend) -> None:
     clock = SkippingClock()
-    store = SQLiteStore(tmp_path / "svc.db")
+    store = backend.store()
     rt = loom.WorkflowRuntime(store, clock=clock, timers=False)
     rt.register(month_long)
     ids = [f"s{i}" for i in range(20)]
