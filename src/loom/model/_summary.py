@@ -164,38 +164,56 @@ def summary_change(batch: Sequence[Envelope]) -> SummaryChange | None:
     Pure; status follows the fold (``apply_event``) exactly, so a summary built from a whole
     log has the status ``replay`` gives.
     """
-    change: SummaryChange | None = None
+    # Fields gathered in locals and the change built once: dataclasses.replace costs ~20 µs a
+    # call, and a start or a wake batch would pay it twice per record.
+    found = False
+    execution_id = ""
+    status: ExecutionStatus | None = None
+    waiting_for: str | None = None
+    updated_at = 0.0
+    started = False
+    flow_id = flow_version = ""
+    parent_id: str | None = None
+    created_at = 0.0
+    forked_from: str | None = None
     for env in batch:
         t = env.type  # a str (EventType members are str): compared by value
         if t not in SUMMARY_EVENT_TYPES:
             continue
         p = env.payload
         at = env.recorded_at
-        if change is None:
-            change = SummaryChange(env.execution_id, None, None, at)
+        if not found:
+            found, execution_id = True, env.execution_id
         if t == EventType.EXECUTION_STARTED.value:
-            change = replace(
-                change,
-                status=ExecutionStatus.RUNNING,
-                waiting_for=None,
-                started=True,
-                flow_id=str(p.get("flow_id", "")),
-                flow_version=str(p.get("flow_version", "")),
-                parent_id=_parent_of(p),
-                created_at=at,
-            )
+            status, waiting_for, started = ExecutionStatus.RUNNING, None, True
+            flow_id = str(p.get("flow_id", ""))
+            flow_version = str(p.get("flow_version", ""))
+            parent_id = _parent_of(p)
+            created_at = at
         elif t == EventType.EXECUTION_SUSPENDED.value:
-            waiting = TIMER_WAIT if p.get("timer") else str(p.get("event_type", ""))
-            change = replace(change, status=ExecutionStatus.SUSPENDED, waiting_for=waiting)
+            status = ExecutionStatus.SUSPENDED
+            waiting_for = TIMER_WAIT if p.get("timer") else str(p.get("event_type", ""))
         elif t in _RUNNING_AGAIN:
-            change = replace(change, status=ExecutionStatus.RUNNING, waiting_for=None)
+            status, waiting_for = ExecutionStatus.RUNNING, None
         elif t == EventType.EXECUTION_FORKED.value:
-            parent = _text(p.get("parent_id")) or _text(p.get("execution_id"))
-            change = replace(change, forked_from=parent)
+            forked_from = _text(p.get("parent_id")) or _text(p.get("execution_id"))
         else:
-            change = replace(change, status=_TERMINAL[t], waiting_for=None)
-        change = replace(change, updated_at=at)
-    return change
+            status, waiting_for = _TERMINAL[t], None
+        updated_at = at
+    if not found:
+        return None
+    return SummaryChange(
+        execution_id,
+        status,
+        waiting_for,
+        updated_at,
+        started,
+        flow_id,
+        flow_version,
+        parent_id,
+        created_at,
+        forked_from,
+    )
 
 
 def summarize(prev: ExecutionSummary | None, batch: Sequence[Envelope]) -> ExecutionSummary | None:
