@@ -7,7 +7,10 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 import loom
+from loom.errors import ForkError
 from loom.llm import ScriptedProvider
 from loom.runtime._cancel import DEADLINE_POSITION
 from loom.storage import SQLiteStore
@@ -56,4 +59,27 @@ async def test_a_branch_keeps_the_parents_deadline(tmp_path: Path) -> None:
     assert {(t.position, t.kind, t.fire_at) for t in due} >= {
         (DEADLINE_POSITION, "deadline", deadline)
     }
+    await rt.close()
+
+
+@loom.flow(id="kid", version="1")
+async def kid(ctx: loom.WorkflowContext, n: int) -> int:
+    await ctx.suspend("KidGo")
+    return n
+
+
+@loom.flow(id="boss", version="1")
+async def boss(ctx: loom.WorkflowContext, n: int) -> int:
+    return int(await ctx.call(kid, n)) + 1
+
+
+async def test_a_fork_where_the_parent_waits_on_its_child_is_refused(tmp_path: Path) -> None:
+    rt = loom.WorkflowRuntime(SQLiteStore(tmp_path / "k.db"), timers=False)
+    rt.register(kid, boss)
+    handle = await rt.start(boss, 1, execution_id="boss-1")
+    state = await handle.wait_for_suspend(timeout=30)
+    assert state.waiting is not None and state.waiting.event_type.startswith("loom.child:")
+    with pytest.raises(ForkError, match="waits on its child execution"):
+        await rt.fork("boss-1")
+    assert await rt.store.children("boss-1") == []  # type: ignore[attr-defined]
     await rt.close()

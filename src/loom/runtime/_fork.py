@@ -49,6 +49,7 @@ from loom.model import (
     replay,
 )
 from loom.runtime._cancel import DEADLINE_KEY, DEADLINE_POSITION
+from loom.runtime._children import CHILD_GATE_PREFIX
 from loom.storage import BranchRef, BranchRegistry, Snapshot, Timer
 from loom.storage._branches import check_ref_name, promoted, put_conflict
 
@@ -147,6 +148,17 @@ def _fork_point(parent_id: str, state: ExecutionState, at: int, head: int) -> No
             at_sequence=at,
             head=head,
             hint="Fork at an earlier sequence",
+        )
+    waiting = state.waiting
+    if waiting is not None and waiting.event_type.startswith(CHILD_GATE_PREFIX):
+        child = waiting.event_type[len(CHILD_GATE_PREFIX) :]
+        raise ForkError(
+            f"sequence {at} of execution {parent_id!r} waits on its child execution "
+            f"{child!r}, which reports to {parent_id!r} only; a branch there would wait forever",
+            execution_id=parent_id,
+            at_sequence=at,
+            head=head,
+            hint="Fork before the child started, or after the parent took its outcome",
         )
     for pos, op in state.ops.items():
         if op.kind == OpKind.STEP and op.status in (OpStatus.STARTED, OpStatus.RETRYING):
