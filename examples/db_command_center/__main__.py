@@ -1,7 +1,7 @@
 """Run the DB command center's story:
 
     python -m examples.db_command_center                    # every act
-    python -m examples.db_command_center --act crash        # or requests
+    python -m examples.db_command_center --act plan         # or requests, crash
     python -m examples.db_command_center --placement http   # on two HTTP worker processes
 
 Each run uses a fresh folder (``--workdir`` to choose) for the store, the effect ledger and
@@ -18,7 +18,7 @@ from pathlib import Path
 
 from examples._support import http_placement, local_placement, set_env
 
-ACTS = ["requests", "crash"]
+ACTS = ["requests", "crash", "plan"]
 
 
 async def main(acts: list[str], kind: str, workdir: Path) -> None:
@@ -37,6 +37,8 @@ async def main(acts: list[str], kind: str, workdir: Path) -> None:
                 await story.act_requests(p)
             elif act == "crash":
                 await story.act_crash(p, workdir)
+            elif act == "plan":
+                await story.act_dispatch_plan(p)
 
 
 def cli() -> None:

@@ -359,7 +359,10 @@ FLOWS = [command]
 
 
 def make_runtime() -> loom.WorkflowRuntime:
-    """The runtime a worker process serves (store from ``LOOM_EXAMPLE_STORE``)."""
+    """The runtime a worker process serves (store from ``LOOM_EXAMPLE_STORE``): the request
+    flow, and the SQL agents and planner of the ``dispatch_plan`` version (planned.py)."""
+    from examples.db_command_center import planned
+
     runtime = loom.WorkflowRuntime(open_store())
-    runtime.register(*FLOWS)
+    runtime.register(*FLOWS, *planned.FLOWS)
     return runtime

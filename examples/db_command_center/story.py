@@ -6,6 +6,7 @@ mid-request. Each act prints what happened and returns the facts the tests check
 from __future__ import annotations
 
 import sqlite3
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -124,3 +125,66 @@ async def act_crash(placement: Placement, workdir: Path, say: Print = print) -> 
         "counts": dict(Ledger().counts(eid)),
         "answer": state.ui.get("answer"),
     }
+
+
+# ------------------------------------------------------------------------------ dispatch_plan
+
+
+async def act_dispatch_plan(placement: Placement, say: Print = print) -> dict[str, Any]:
+    """The requests again, planned into a ``loom.orchestration.Plan`` and run by
+    ``dispatch_plan`` over an ``InProcessA2ABus`` (each step its own execution through the
+    placement's dispatcher): reads at once, each write at its own gate with its row count,
+    one approved, one rejected, and a plan naming an unregistered agent refused before
+    anything runs."""
+    from examples.db_command_center.planned import FLOWS as PLANNED
+    from loom.orchestration import (
+        InProcessA2ABus,
+        Plan,
+        PlanValidationError,
+        dispatch_plan,
+        node_execution_id,
+    )
+
+    say(f"== the requests through dispatch_plan ({placement.kind} placement)")
+    bus = InProcessA2ABus(placement.runtime, dispatcher=placement.dispatcher)
+    for flow in PLANNED:
+        bus.register(flow)
+    facts: dict[str, Any] = {}
+    decisions = {
+        "archive": {"approved": True, "by": "ops-lead"},
+        "cleanup": {"approved": False, "by": "ops-lead", "reason": "keep for audit"},
+    }
+    for key in ("why", "archive", "cleanup", "truncate"):
+        text = REQUESTS[key]
+        say(f"> {text}")
+        planned = await bus.send("sql-plan-planner", text, message_id=f"plan-{key}")
+        plan = Plan.model_validate(planned.output["output"])
+        run_id = f"dp-{key}"
+        try:
+            run = await dispatch_plan(plan, bus, run_id=run_id)
+        except PlanValidationError as exc:
+            say(f"  plan refused, nothing dispatched: {'; '.join(exc.problems)}")
+            facts[f"{key}.refused"] = list(exc.problems)
+            continue
+        for step in list(run.waiting):
+            state = await placement.runtime.load_state(node_execution_id(run_id, step))
+            assert state is not None
+            pending = state.ui["pending"]
+            say(f"  {step} waits: {pending['sql']} ({pending['affected_rows']} rows)")
+            facts[f"{key}.affected"] = pending["affected_rows"]
+            run = await dispatch_plan(
+                plan, bus, run_id=run_id, decisions={step: run.decision(step, decisions[key])}
+            )
+        facts[f"{key}.status"] = str(run.status)
+        facts[f"{key}.outputs"] = run.outputs
+        for step, out in run.outputs.items():
+            shown = out.get("rows") if "columns" in out else out
+            say(f"  {step}: {shown}")
+    counts: dict[str, int] = {}
+    for eid, name, _ in Ledger().rows():
+        if eid.startswith("dp-") or name == "model:plan-planner":
+            counts[name] = counts.get(name, 0) + 1
+    for line in executed_lines(Counter(counts), ["model:plan-planner", *ORDER]):
+        say(line)
+    facts["counts"] = counts
+    return facts

@@ -66,3 +66,23 @@ async def test_sigkill_mid_request(placement: Placement, tmp_path: Path) -> None
     assert (facts["left"], facts["after"]) == ("running", "completed")
     assert facts["counts"] == {"model:planner": 1, "query": 2, "model:analyst": 1}
     assert "card payments failed" in facts["answer"]
+
+
+async def test_dispatch_plan_version(placement: Placement) -> None:
+    facts = await story.act_dispatch_plan(placement, lambda _: None)
+    assert facts["why.status"] == "completed"
+    assert [o["columns"] for o in facts["why.outputs"].values()] == [
+        ["day", "orders", "completed"],
+        ["payment", "status", "n"],
+    ]
+    assert facts["archive.affected"] == 1460
+    assert facts["archive.outputs"]["step-2"]["written"] == 1460
+    assert facts["cleanup.affected"] == 88
+    assert facts["cleanup.outputs"]["step-1"]["rejected_by"] == "ops-lead"
+    assert story.db_count("SELECT COUNT(*) FROM orders WHERE status = 'archived'") == 1460
+    assert story.db_count("SELECT COUNT(*) FROM orders WHERE status = 'cancelled'") == 88
+    assert facts["truncate.refused"] == [
+        "step 'step-1': unknown agent 'sql-admin' (known: sql-plan-planner, sql-query, sql-write)"
+    ]
+    # One planner call per request; three reads; two previews; the one approved write.
+    assert facts["counts"] == {"model:plan-planner": 4, "query": 3, "preview": 2, "write": 1}
