@@ -38,6 +38,10 @@ async def main(acts: list[str], kind: str, workdir: Path) -> None:
             elif act == "crash":
                 await story.act_crash(p, workdir)
             elif act == "plan":
+                if len(acts) > 1:  # the first act archived rows: start from the same shop
+                    from examples.db_command_center.app import create_sample_db, sample_db
+
+                    create_sample_db(sample_db())
                 await story.act_dispatch_plan(p)
 
 
