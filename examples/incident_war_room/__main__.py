@@ -1,7 +1,7 @@
 """Run the incident war room's story:
 
 python -m examples.incident_war_room                     # every act
-python -m examples.incident_war_room --act crash         # or incident
+python -m examples.incident_war_room --act commander     # or incident, crash
 python -m examples.incident_war_room --placement http    # on two HTTP worker processes
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 from examples._support import http_placement, local_placement, set_env
 
-ACTS = ["incident", "crash"]
+ACTS = ["incident", "crash", "commander"]
 
 
 async def main(acts: list[str], kind: str, workdir: Path) -> None:
@@ -34,6 +34,8 @@ async def main(acts: list[str], kind: str, workdir: Path) -> None:
                 await story.act_incident(p, workdir)
             elif act == "crash":
                 await story.act_crash(p, workdir)
+            elif act == "commander":
+                await story.act_commander_crash(workdir)
 
 
 def cli() -> None:

@@ -192,3 +192,44 @@ async def act_crash(placement: Placement, workdir: Path, say: Print = print) -> 
         "counts": dict(counts),
         "output": (state.output or {}).get("output"),
     }
+
+
+async def act_commander_crash(workdir: Path, say: Print = print) -> dict[str, Any]:
+    """The commander's own process is SIGKILLed right after the commander agent's plan is
+    recorded (the 7th model answer: three investigators answer twice each first); run again,
+    it recovers the task it left running and carries on: no investigator runs again and the
+    plan is not asked for twice. (Local placement: the commander hosts the bus.)"""
+    import subprocess
+    import sys
+
+    from examples._support import ROOT, worker_env
+
+    say("== SIGKILL the commander's process (local placement)")
+    incident = "inc-commander"
+    args = [sys.executable, "-m", "examples.incident_war_room.commander", "--incident", incident]
+    dead = await asyncio.to_thread(
+        subprocess.run,
+        args,
+        env=worker_env(LOOM_FAULTS="agents.after_model_recorded=kill@7"),
+        cwd=ROOT,
+        capture_output=True,
+        timeout=120,
+    )
+    say(f"  commander exit code {dead.returncode} (SIGKILL is -9)")
+    again = await asyncio.to_thread(
+        subprocess.run,
+        args,
+        env=worker_env(),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    if again.returncode != 0:
+        raise RuntimeError(f"the commander failed on its second run:\n{again.stderr}")
+    for line in again.stdout.splitlines():
+        say("  " + line)
+    counts = Ledger().counts()
+    for line in executed_lines(counts):
+        say(line)
+    return {"exit_code": dead.returncode, "stdout": again.stdout, "counts": dict(counts)}

@@ -62,3 +62,37 @@ async def test_sigkilled_investigator_continues_by_id(placement: Placement, tmp_
     # Two turns, each asked once in total across both processes; the tool ran once.
     assert facts["counts"] == {"model:logs-investigator": 2, "tool:search_logs": 1}
     assert facts["output"]["suspect"] == "checkout-api"
+
+
+async def test_running_the_commander_again_reruns_nothing(placement: Placement) -> None:
+    from examples._support import Ledger
+
+    bus = story.make_bus(placement)
+    first = await story.investigate_and_plan(bus, "inc-again", story.ALERT, lambda _: None)
+    before = Ledger().counts()
+    again = await story.investigate_and_plan(bus, "inc-again", story.ALERT, lambda _: None)
+    assert Ledger().counts() == before  # every send carried its message id: nothing re-ran
+    assert again[0] == first[0] and again[1] == first[1]
+    assert sorted(again[2].waiting) == ["flag-off", "rollback", "scale"]
+    assert before["model:incident-commander"] == 1
+
+
+async def test_sigkilled_commander_rerun_continues(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(STORE_ENV, f"sqlite:{tmp_path / 'loom.db'}")
+    monkeypatch.setenv(LEDGER_ENV, str(tmp_path / "effects.db"))
+    monkeypatch.setenv(CLOCK_ENV, str(tmp_path / "clock-offset"))
+    facts = await story.act_commander_crash(tmp_path, lambda _: None)
+    assert facts["exit_code"] == -9
+    assert "recovered 1 task(s) left running" in facts["stdout"]
+    counts = facts["counts"]
+    # The plan was paid once (by the dead process); no investigator ran again.
+    assert counts["model:incident-commander"] == 1
+    for name in ("logs", "metrics", "deploys"):
+        assert counts[f"model:{name}-investigator"] == 2
+    assert counts["tool:search_logs"] == counts["tool:query_metrics"] == 1
+    # The second run dispatched the plan: each remediation agent asked for its tool once.
+    for name in ("flag", "deploy", "capacity"):
+        assert counts[f"model:{name}-operator"] == 1
+    assert not any(k.startswith("remediation:") for k in counts)  # all wait for approval
