@@ -60,7 +60,7 @@ async def _waits_for_other_process(
             seen = []
 
             async def follow() -> None:
-                async for env in rt.subscribe("remote-1"):
+                async for env in rt.subscribe("remote-1", missing_ok=True):
                     seen.append(str(env.type))
 
             follower = asyncio.create_task(follow())

@@ -321,7 +321,9 @@ class InProcessA2ABus:
         if last_one(task):
             return
         last = task.last_sequence
-        async for envelope in self.runtime.subscribe(task_id, after_sequence=last):
+        # A task not started yet (its dispatch is under way) is waited for.
+        follow = self.runtime.subscribe(task_id, after_sequence=last, missing_ok=state is None)
+        async for envelope in follow:
             if envelope.sequence <= last:
                 continue
             state = await self.runtime.load_state(task_id)

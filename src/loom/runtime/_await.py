@@ -70,11 +70,21 @@ async def wait(
 
 
 async def subscribe(
-    rt: WorkflowRuntime, execution_id: str, after_sequence: int
+    rt: WorkflowRuntime, execution_id: str, after_sequence: int, missing_ok: bool
 ) -> AsyncIterator[Envelope]:
     """See :meth:`WorkflowRuntime.subscribe`."""
     rt._check_open()
     last = after_sequence
+    state = await rt.load_state(execution_id)
+    if state is None and not missing_ok:
+        raise ExecutionNotFoundError(
+            f"no execution {execution_id!r} in this store to subscribe to",
+            execution_id=execution_id,
+            hint="Check the id, or pass missing_ok=True to wait for it to be started",
+        )
+    if state is not None and state.is_terminal and after_sequence >= state.last_sequence:
+        # Its end is at or before where the caller already is: nothing more will come.
+        return
     while True:
         batch = await rt.store.read(execution_id, from_sequence=last + 1, limit=256)
         for env in batch:

@@ -294,12 +294,18 @@ class WorkflowRuntime:
         _check_id(execution_id)
         return await _await.wait(self, execution_id, timeout, until, missing_ok)
 
-    def subscribe(self, execution_id: str, *, after_sequence: int = -1) -> AsyncIterator[Envelope]:
+    def subscribe(
+        self, execution_id: str, *, after_sequence: int = -1, missing_ok: bool = False
+    ) -> AsyncIterator[Envelope]:
         """Every envelope of ``execution_id`` after ``after_sequence``, each as it commits
-        (from any process); the iteration ends after the terminal event. An execution not
-        started yet is waited for."""
+        (from any process); the iteration ends after the terminal event, or at once when the
+        execution already ended at or before ``after_sequence``.
+
+        Raises :class:`ExecutionNotFoundError` (on the first iteration) for an unknown id,
+        as :meth:`wait` does, unless ``missing_ok``: then it waits for the execution to start.
+        """
         _check_id(execution_id)
-        return _await.subscribe(self, execution_id, after_sequence)
+        return _await.subscribe(self, execution_id, after_sequence, missing_ok)
 
     # ------------------------------------------------------------------ start
 
