@@ -21,6 +21,7 @@ The tree::
     │   ├── InvalidRefNameError            not a valid ref name
     │   ├── RefNotFoundError               no ref of that name
     │   ├── RefExistsError                 a ref of that name points elsewhere
+    │   ├── InvalidRefMoveError            a tip moved backwards or past its execution's head
     │   └── RefConflictError               a compare-and-swap lost: the ref moved
     │       └── PromotionConflictError     the target is no longer what the branch forked from
     ├── NonDeterminismError                replay asked for a different operation
@@ -89,6 +90,7 @@ __all__ = [
     "GateSupersededError",
     "GateTimedOutError",
     "InvalidInputError",
+    "InvalidRefMoveError",
     "InvalidRefNameError",
     "LoomError",
     "NonDeterminismError",
@@ -310,7 +312,24 @@ class RefNotFoundError(BranchError):
 
 class RefExistsError(BranchError):
     code = "ref_exists"
-    default_hint = "Pick another name, or move the ref with move_tip/promote"
+    default_hint = (
+        "Pick another name (`loom branches` lists the taken ones), or move the existing ref "
+        "onto a branch with `loom promote FROM TO --by NAME`"
+    )
+
+
+class InvalidRefMoveError(BranchError):
+    """A tip move that is not forward along its execution: backwards (use a new ref, or a
+    fork, to name an earlier point) or past the last event the execution has recorded."""
+
+    code = "invalid_ref_move"
+    default_hint = (
+        "A ref's tip only moves forward, to a sequence its execution has recorded; "
+        "`loom logs ID` shows them"
+    )
+    tip: int | None
+    sequence: int | None
+    head: int | None
 
 
 class RefConflictError(BranchError):

@@ -21,6 +21,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from loom.errors import (
     ConfigurationError,
+    InvalidRefMoveError,
     InvalidRefNameError,
     PromotionConflictError,
     RefConflictError,
@@ -34,6 +35,7 @@ __all__ = [
     "REF_COLUMNS",
     "BranchRef",
     "BranchRegistry",
+    "check_move",
     "check_ref_name",
     "check_target",
     "check_tip",
@@ -231,6 +233,43 @@ def put_conflict(existing: BranchRef, execution_id: str, tip: int) -> BranchRef:
         f"{existing.tip}",
         ref=existing.name,
     )
+
+
+def check_move(ref: BranchRef, sequence: int, *, expected: int, head: int) -> None:
+    """Refuse a tip move that lost its compare-and-swap, goes backwards, or goes past
+    ``head`` (the last sequence ``ref``'s execution has recorded; -1: none)."""
+    if ref.tip != expected:
+        raise RefConflictError(
+            f"ref {ref.name!r} is at sequence {ref.tip}, not {expected}",
+            ref=ref.name,
+            expected=expected,
+            actual=ref.tip,
+        )
+    if sequence < ref.tip:
+        raise InvalidRefMoveError(
+            f"ref {ref.name!r} is at sequence {ref.tip} of {ref.execution_id!r}; a tip only "
+            f"moves forward, not back to {sequence}",
+            ref=ref.name,
+            execution_id=ref.execution_id,
+            tip=ref.tip,
+            sequence=sequence,
+            head=head,
+            hint=f"Name the earlier point with a new ref, or fork {ref.execution_id!r} there "
+            f"(`loom fork {ref.execution_id} --at {sequence} --branch NAME`)",
+        )
+    if sequence > head:
+        raise InvalidRefMoveError(
+            f"ref {ref.name!r} cannot move to sequence {sequence}: execution "
+            f"{ref.execution_id!r} has recorded "
+            + ("nothing" if head < 0 else f"sequences 0..{head}"),
+            ref=ref.name,
+            execution_id=ref.execution_id,
+            tip=ref.tip,
+            sequence=sequence,
+            head=head,
+            hint=f"Move it to a sequence between {ref.tip} and {max(head, ref.tip)}; "
+            f"`loom logs {ref.execution_id}` shows them",
+        )
 
 
 def promoted(

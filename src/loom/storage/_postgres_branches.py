@@ -16,11 +16,12 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import psycopg
 
-from loom.errors import LoomError, RefConflictError, RefNotFoundError, StorageWriteError
+from loom.errors import LoomError, RefNotFoundError, StorageWriteError
 from loom.model import ExecutionSummary
 from loom.storage._branches import (
     REF_COLUMNS,
     BranchRef,
+    check_move,
     check_ref_name,
     check_target,
     check_tip,
@@ -135,13 +136,12 @@ class PostgresBranches:
             ref = (await self._locked(conn, [name])).get(name)
             if ref is None:
                 raise RefNotFoundError(f"no ref {name!r}", ref=name)
-            if ref.tip != expected:
-                raise RefConflictError(
-                    f"ref {name!r} is at sequence {ref.tip}, not {expected}",
-                    ref=name,
-                    expected=expected,
-                    actual=ref.tip,
-                )
+            cur = await conn.execute(
+                f'SELECT next_sequence FROM "{self.schema}".heads WHERE execution_id = %s',
+                (ref.execution_id,),
+            )
+            row = await cur.fetchone()
+            check_move(ref, sequence, expected=expected, head=int(row[0]) - 1 if row else -1)
             moved = replace(ref, tip=sequence, version=ref.version + 1, updated_at=time.time())
             await self._store_ref(conn, moved)
             return moved

@@ -13,11 +13,12 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, cast
 
-from loom.errors import RefConflictError, RefNotFoundError
+from loom.errors import RefNotFoundError
 from loom.model import ExecutionSummary
 from loom.storage._branches import (
     REF_COLUMNS,
     BranchRef,
+    check_move,
     check_ref_name,
     check_target,
     check_tip,
@@ -103,13 +104,13 @@ class SQLiteBranches:
 
         def apply(conn: sqlite3.Connection) -> BranchRef:
             ref = _need(conn, name)
-            if ref.tip != expected:
-                raise RefConflictError(
-                    f"ref {name!r} is at sequence {ref.tip}, not {expected}",
-                    ref=name,
-                    expected=expected,
-                    actual=ref.tip,
-                )
+            # Read inside the write transaction: the head cannot move under the check.
+            row = conn.execute(
+                "SELECT max(sequence) FROM loom_events WHERE execution_id = ?",
+                (ref.execution_id,),
+            ).fetchone()
+            head = -1 if row is None or row[0] is None else int(row[0])
+            check_move(ref, sequence, expected=expected, head=head)
             moved = replace(ref, tip=sequence, version=ref.version + 1, updated_at=time.time())
             conn.execute(_UPSERT, ref_row(moved))
             return moved

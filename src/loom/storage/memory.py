@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 from loom import faults
 from loom.errors import (
     DuplicateEnvelopeIdError,
-    RefConflictError,
     RefNotFoundError,
     StorageWriteError,
 )
@@ -26,6 +25,7 @@ from loom.model import (
 from loom.storage._blobs import check_blobs, check_hashes
 from loom.storage._branches import (
     BranchRef,
+    check_move,
     check_ref_name,
     check_target,
     check_tip,
@@ -419,13 +419,8 @@ class InMemoryStore:
         self._check_open()
         with self._lock:
             ref = self._ref(name)
-            if ref.tip != expected:
-                raise RefConflictError(
-                    f"ref {name!r} is at sequence {ref.tip}, not {expected}",
-                    ref=name,
-                    expected=expected,
-                    actual=ref.tip,
-                )
+            head = self._heads.get(ref.execution_id)
+            check_move(ref, sequence, expected=expected, head=len(head.events) - 1 if head else -1)
             moved = dataclasses.replace(
                 ref, tip=sequence, version=ref.version + 1, updated_at=time.time()
             )

@@ -533,6 +533,7 @@ class TenantScopedEventStore:
         except BranchError as err:
             # Refusals name refs and executions by their scoped keys: the tenant's own.
             message = err.message.replace(f"'{self._prefix}", "'")
+            hint = None if err.hint is None else err.hint.replace(self._prefix, "")
             details = dict(err.details)
             if isinstance(details.get("ref"), str):
                 details["ref"] = details["ref"].removeprefix(self._prefix)
@@ -542,7 +543,8 @@ class TenantScopedEventStore:
                     details[key] = [
                         v.removeprefix(self._prefix) if isinstance(v, str) else v for v in value
                     ]
-            error = type(err)(message, hint=err.hint, **details)
+            eid = None if err.execution_id is None else err.execution_id.removeprefix(self._prefix)
+            error = type(err)(message, execution_id=eid, hint=hint, **details)
         raise error
 
     async def put_ref(

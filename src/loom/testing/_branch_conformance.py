@@ -13,6 +13,7 @@ from typing import Any
 
 from loom.errors import (
     ConfigurationError,
+    InvalidRefMoveError,
     InvalidRefNameError,
     PromotionConflictError,
     RefConflictError,
@@ -58,6 +59,12 @@ async def _execution(store: Any, execution_id: str, parent: str | None = None, a
         )
     )
     await store.append([env(execution_id, 0, fence), second])
+
+
+async def _log(store: Any, execution_id: str, events: int) -> None:
+    """An execution whose log holds sequences ``0..events-1`` (tips move within them)."""
+    fence = await store.acquire_fence(execution_id)
+    await store.append([env(execution_id, i, fence) for i in range(events)])
 
 
 @_check
@@ -125,6 +132,7 @@ async def check_names_are_validated(store: BranchRegistry) -> None:
 @_check
 async def check_move_tip_is_compare_and_swap(store: BranchRegistry) -> None:
     await _refused(RefNotFoundError, store.move_tip("ghost", 1, expected=0))
+    await _log(store, "e", 30)
     await store.put_ref("b", "e", 4)
     moved = await store.move_tip("b", 9, expected=4)
     assert (moved.tip, moved.version, moved.execution_id) == (9, 2, "e")
@@ -142,6 +150,21 @@ async def check_move_tip_is_compare_and_swap(store: BranchRegistry) -> None:
 
 
 @_check
+async def check_move_tip_only_moves_forward_within_the_head(store: BranchRegistry) -> None:
+    await _log(store, "e", 10)  # sequences 0..9
+    await store.put_ref("b", "e", 4)
+    before = await store.get_ref("b")
+    back = await _refused(InvalidRefMoveError, store.move_tip("b", 3, expected=4))
+    assert (getattr(back, "tip", None), getattr(back, "sequence", None)) == (4, 3), back
+    past = await _refused(InvalidRefMoveError, store.move_tip("b", 10, expected=4))
+    assert getattr(past, "head", None) == 9, past
+    assert await store.get_ref("b") == before, "a refused move changed the ref"
+    assert (await store.move_tip("b", 9, expected=4)).tip == 9  # up to the head is fine
+    await store.put_ref("nothing", "never-ran", 0)
+    await _refused(InvalidRefMoveError, store.move_tip("nothing", 1, expected=0))
+
+
+@_check
 async def check_promote_is_a_fast_forward(store: BranchRegistry) -> None:
     await store.put_ref("main", "p", 5)
     await store.put_ref("sim/a", "b1", 7, forked_from="p", fork_sequence=5)
@@ -156,6 +179,7 @@ async def check_promote_is_a_fast_forward(store: BranchRegistry) -> None:
     assert isinstance(err, RefConflictError)
     assert await store.get_ref("main") == moved, "a refused promotion moved the ref"
     # The promoted branch's own later tip is still a fast-forward of it.
+    await _log(store, "b1", 12)
     await store.move_tip("sim/a", 11, expected=7)
     again = await store.promote("sim/a", "main", by="ann")
     assert (again.execution_id, again.tip) == ("b1", 11)
