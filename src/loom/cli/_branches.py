@@ -206,6 +206,14 @@ def learn_report(
     decision: Annotated[
         str | None, typer.Option("--decision", metavar="ID", help="Only this decision id.")
     ] = None,
+    include_simulations: Annotated[
+        bool,
+        typer.Option(
+            "--include-simulations",
+            help="Also count decisions and scores of branches forked as simulations "
+            "(their effects were dry-run).",
+        ),
+    ] = False,
     store: StoreOption = None,
     db: DbOption = None,
     as_json: JsonOption = False,
@@ -223,7 +231,9 @@ def learn_report(
         async with command_runtime(
             store=store, db=db, app_spec=None, mode="read", command="learn report"
         ) as (rt, _):
-            trajs = await trajectories(rt.store, decision_id=decision)
+            trajs = await trajectories(
+                rt.store, decision_id=decision, include_simulations=include_simulations
+            )
         report = None if target is None else evaluate_policy(trajs, target)
         return coverage(trajs), report
 

@@ -38,6 +38,10 @@ RewardModel = Callable[[Any, Any], float]
 #: bookkeeping): not the flow's choices, so never trajectories.
 _INTERNAL = ("loom.", "agents.")
 
+#: A sequence after every fork point: a score whose decision is not in the envelopes at hand
+#: is taken to be the scored execution's own.
+_AFTER_ALL = 1 << 62
+
 #: Below this ratio of effective to actual sample size the estimate is flagged.
 LOW_ESS_RATIO = 0.1
 
@@ -58,16 +62,108 @@ class Trajectory:
     policy_version: str | None = None
 
 
-def trajectories_from_envelopes(envelopes: Iterable[Envelope]) -> list[Trajectory]:
+class _Lineage:
+    """Who first recorded each sequence of one execution's log.
+
+    A branch's log is its parent's events ``0..at`` copied as stored, then its own
+    ``EXECUTION_FORKED`` at ``at + 1``; a branch of a branch copies that record too. So one
+    log alone names its whole ancestry: its ``EXECUTION_FORKED`` records in sequence order,
+    the last written by the execution itself, each earlier one by the parent the next names.
+    """
+
+    __slots__ = ("execution_id", "forks")
+
+    def __init__(self, execution_id: str) -> None:
+        self.execution_id = execution_id
+        #: (sequence of the record, fork point, parent, the writer forked as a simulation)
+        self.forks: list[tuple[int, int, str, bool]] = []
+
+    def owner(self, sequence: int) -> str:
+        """The execution that recorded ``sequence`` of this log first."""
+        owner = self.execution_id
+        for _, at, parent, _ in reversed(self.forks):
+            if sequence > at:
+                break
+            owner = parent
+        return owner
+
+    def simulations(self) -> set[str]:
+        """The executions in this log's ancestry (itself included) forked as simulations."""
+        out: set[str] = set()
+        writers = [parent for _, _, parent, _ in self.forks[1:]] + [self.execution_id]
+        for (_, _, _, simulation), writer in zip(self.forks, writers, strict=True):
+            if simulation:
+                out.add(writer)
+        return out
+
+
+def trajectories_from_envelopes(
+    envelopes: Iterable[Envelope], *, include_simulations: bool = False
+) -> list[Trajectory]:
     """Trajectories from envelopes (any mix of executions). A bare ``ctx.decide`` is a blind
     decision: its value is the action, with no context, alternatives or propensity. An outcome
-    scores its decision with the first recorded score of the lowest key (keys sorted)."""
+    scores its decision with the first recorded score of the lowest key (keys sorted).
+
+    A decision belongs to the execution that first recorded it: the copy a fork made of its
+    parent's prefix is not another decision (forking a decision 3 times still gives one
+    trajectory, the parent's), and a decision a branch took after its fork point is the
+    branch's. A branch's score for a decision it inherited scores the parent's trajectory,
+    but the parent's own score comes first (then a score recorded after the fact on the
+    parent, then the branch's). Branches forked as simulations (``simulate``,
+    ``fork(simulation=True)``) ran dry-run effects, so their decisions and scores are left
+    out unless ``include_simulations``.
+    """
+    items = list(envelopes)
+    lines: dict[str, _Lineage] = {}
+    for env in items:
+        if env.type == EventType.EXECUTION_FORKED:
+            p = env.payload
+            line = lines.setdefault(env.execution_id, _Lineage(env.execution_id))
+            at = p.get("at_sequence")
+            line.forks.append(
+                (
+                    env.sequence,
+                    at if type(at) is int else env.sequence - 1,
+                    str(p.get("parent_id")),
+                    bool(p.get("simulation")),
+                )
+            )
+    simulated: set[str] = set()
+    for line in lines.values():
+        line.forks.sort()
+        simulated |= line.simulations()
+
+    def owner(execution_id: str, sequence: int) -> str:
+        line = lines.get(execution_id)
+        return execution_id if line is None else line.owner(sequence)
+
+    # Where each execution's log holds each decision: a score names a decision by id only.
+    placed: dict[tuple[str, str], int] = {}
+    for env in items:
+        if env.type == DECISION_EVENT:
+            placed.setdefault((env.execution_id, env.payload["decision_id"]), env.sequence)
+        elif env.type == EventType.DECISION_RECORDED:
+            placed.setdefault((env.execution_id, str(env.payload["name"])), env.sequence)
+
+    def decision_owner(execution_id: str, decision_id: str, fallback: int) -> str:
+        return owner(execution_id, placed.get((execution_id, decision_id), fallback))
+
     decisions: dict[tuple[str, str], dict[str, Any]] = {}
-    scores: dict[tuple[str, str], dict[str, float]] = {}
-    for env in envelopes:
+    # (owner, decision) -> key -> (rank, score): the lowest rank wins, then the first seen.
+    scores: dict[tuple[str, str], dict[str, tuple[int, float]]] = {}
+
+    def score(key: tuple[str, str], name: str, rank: int, value: float) -> None:
+        keyed = scores.setdefault(key, {})
+        if name not in keyed or rank < keyed[name][0]:
+            keyed[name] = (rank, value)
+
+    for env in items:
         t, p = env.type, env.payload
         if t == DECISION_EVENT:
-            decisions[(env.execution_id, p["decision_id"])] = {
+            first = owner(env.execution_id, env.sequence)
+            if first in simulated and not include_simulations:
+                continue
+            decisions[(first, p["decision_id"])] = {
                 "action": p["action"],
                 "context": p.get("context"),
                 "actions": tuple(p.get("actions") or ()) or None,
@@ -76,28 +172,43 @@ def trajectories_from_envelopes(envelopes: Iterable[Envelope]) -> list[Trajector
                 "policy_version": p.get("policy_version"),
             }
         elif t == EventType.DECISION_RECORDED and not str(p["name"]).startswith(_INTERNAL):
-            decisions.setdefault((env.execution_id, p["name"]), {"action": p["value"]})
+            first = owner(env.execution_id, env.sequence)
+            if first in simulated and not include_simulations:
+                continue
+            decisions.setdefault((first, p["name"]), {"action": p["value"]})
         elif t == OUTCOME_EVENT and p.get("decision_id") is not None:
-            keyed = scores.setdefault((env.execution_id, p["decision_id"]), {})
-            keyed.setdefault(p["key"], float(p["score"]))
+            recorder = owner(env.execution_id, env.sequence)
+            if recorder in simulated and not include_simulations:
+                continue
+            did = p["decision_id"]
+            first = decision_owner(env.execution_id, did, env.sequence)
+            score((first, did), p["key"], 0 if recorder == first else 2, float(p["score"]))
         elif t == OUTCOME_ATTACHED_EVENT:
             # Scored after the fact (runtime.record_outcome): its own record names the
-            # execution. Logs come before records, so the flow's own score wins a tie.
-            keyed = scores.setdefault((p["execution_id"], p["decision_id"]), {})
-            keyed.setdefault(p["key"], float(p["score"]))
+            # execution it scored, which may be a branch scoring a decision it inherited.
+            scored, did = p["execution_id"], p["decision_id"]
+            if scored in simulated and not include_simulations:
+                continue
+            first = decision_owner(scored, did, _AFTER_ALL)
+            score((first, did), p["key"], 1 if scored == first else 3, float(p["score"]))
     out = []
     for (eid, did), d in decisions.items():
         got = scores.get((eid, did))
-        reward = got[min(got)] if got else None
+        reward = got[min(got)][1] if got else None
         out.append(Trajectory(eid, did, reward=reward, **d))
     return out
 
 
 async def trajectories(
-    store: Any, query: ExecutionQuery | None = None, *, decision_id: str | None = None
+    store: Any,
+    query: ExecutionQuery | None = None,
+    *,
+    decision_id: str | None = None,
+    include_simulations: bool = False,
 ) -> list[Trajectory]:
     """Trajectories of every execution ``query`` lists from ``store`` (all by default),
-    optionally only those of one ``decision_id``."""
+    optionally only those of one ``decision_id``. Forks and simulations as in
+    :func:`trajectories_from_envelopes`."""
     query = query or ExecutionQuery(limit=500)
     logs: list[Envelope] = []
     listed: set[str] = set()
@@ -120,7 +231,7 @@ async def trajectories(
         if page.next_cursor is None:
             break
         records = ExecutionQuery(**{**records.__dict__, "cursor": page.next_cursor})
-    out = trajectories_from_envelopes(logs)
+    out = trajectories_from_envelopes(logs, include_simulations=include_simulations)
     if decision_id is not None:
         out = [t for t in out if t.decision_id == decision_id]
     return out
