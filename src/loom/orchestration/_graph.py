@@ -35,6 +35,7 @@ __all__ = [
     "GraphStatus",
     "Node",
     "NodeRun",
+    "alternative_execution_id",
     "cancel_graph",
     "execute_graph",
     "node_execution_id",
@@ -49,6 +50,12 @@ _AGENT_KEYS = frozenset({"output", "outcome", "turns", "usage", "cost", "text", 
 
 GraphStatus = str  # "completed" | "suspended" | "failed" | "rejected" | "cancelled"
 
+FlowRef = str | Flow[Any, Any]
+#: One alternative of a node: a flow (it gets the node's input), or ``(flow, input)``.
+Alternative = FlowRef | tuple[FlowRef, Any]
+#: Joins the alternatives' outputs (in declared order) into the node's output.
+Chooser = Callable[[list[Any]], Any]
+
 
 @dataclass(frozen=True, slots=True)
 class Node:
@@ -56,21 +63,49 @@ class Node:
     references into its output), the nodes it depends on, and how its input is built.
 
     ``inputs`` maps from upstream outputs: a reference (``"node"``, ``"node.field.sub"``,
-    ``"$input"``, ``"$input.field"``) is the whole input; a mapping of field -> reference
-    builds a dict (merged over ``constant`` when that is a dict). Without ``inputs``: the
-    ``constant`` if given, else the graph's input (no dependencies), the one dependency's
-    output, or ``{dep: output}`` in the declared order of ``deps``.
+    ``"node.0"`` into a list, ``"$input"``, ``"$input.field"``) is the whole input; a mapping
+    of field -> reference builds a dict (merged over ``constant`` when that is a dict).
+    Without ``inputs``: the ``constant`` if given, else the graph's input (no dependencies),
+    the one dependency's output, or ``{dep: output}`` in the declared order of ``deps``.
+
+    ``alternatives`` (instead of ``flow``): each alternative, a flow getting the node's input
+    or a ``(flow, input)`` pair, runs as its own execution, all at once, with the id
+    ``{node's id}.{i}`` (:func:`alternative_execution_id`): never two writers on one log.
+    The node completes when every alternative did; its output is their outputs in declared
+    order, or ``choose(outputs)`` (a pure function: inside a flow it runs again on replay).
+    The first alternative (in declared order) that fails, is rejected or cancelled ends the
+    node so; one waiting at a gate keeps the node waiting (decide it as ``"node.i"``).
     """
 
     id: str
-    flow: str | Flow[Any, Any]
+    flow: FlowRef | None = None
     deps: tuple[str, ...] = ()
     inputs: str | Mapping[str, str] | None = None
     constant: Any = None
+    alternatives: Sequence[Alternative] = ()
+    choose: Chooser | None = None
 
     @property
     def flow_id(self) -> str:
+        if self.flow is None:
+            return ""
         return self.flow if isinstance(self.flow, str) else self.flow.id
+
+    def branches(self, value: Any) -> list[tuple[str, FlowRef, Any]]:
+        """``(key, flow, input)`` per execution this node runs: itself, or its alternatives
+        (key ``"node.i"``), given the node's input ``value``."""
+        if not self.alternatives:
+            assert self.flow is not None  # validated by Graph
+            return [(self.id, self.flow, value)]
+        out: list[tuple[str, FlowRef, Any]] = []
+        for i, alt in enumerate(self.alternatives):
+            flow, inp = alt if isinstance(alt, tuple) else (alt, value)
+            out.append((f"{self.id}.{i}", flow, inp))
+        return out
+
+    def join(self, outputs: list[Any]) -> Any:
+        """The node's output from its alternatives' outputs (in declared order)."""
+        return outputs if self.choose is None else self.choose(outputs)
 
     def references(self) -> list[str]:
         if self.inputs is None:
@@ -78,6 +113,56 @@ class Node:
         if isinstance(self.inputs, str):
             return [self.inputs]
         return list(self.inputs.values())
+
+
+def _flow_id(flow: Any) -> str | None:
+    if isinstance(flow, str):
+        return flow
+    if isinstance(flow, Flow) or (hasattr(flow, "id") and hasattr(flow, "provider")):
+        return str(flow.id)
+    return None
+
+
+def _node_shape_problems(node: Node, known: set[str] | None) -> list[str]:
+    problems: list[str] = []
+    flows: list[Any] = []
+    if node.alternatives:
+        if node.flow is not None:
+            problems.append(f"node {node.id!r}: give a flow or alternatives, not both")
+        if isinstance(node.alternatives, (str, Mapping)) or not isinstance(
+            node.alternatives, Sequence
+        ):
+            return [*problems, f"node {node.id!r}: alternatives must be a list"]
+        for i, alt in enumerate(node.alternatives):
+            if isinstance(alt, tuple):
+                if len(alt) != 2:
+                    problems.append(
+                        f"node {node.id!r}: alternative {i} is {alt!r}, not a flow or a "
+                        "(flow, input) pair"
+                    )
+                    continue
+                alt = alt[0]
+            if _flow_id(alt) is None:
+                problems.append(
+                    f"node {node.id!r}: alternative {i} is {alt!r}, not a flow, an agent or "
+                    "a registered flow id"
+                )
+            else:
+                flows.append(alt)
+        if node.choose is not None and not callable(node.choose):
+            problems.append(f"node {node.id!r}: choose must be a function of the outputs")
+    elif node.flow is None:
+        problems.append(f"node {node.id!r}: give it a flow (or alternatives)")
+    else:
+        if node.choose is not None:
+            problems.append(f"node {node.id!r}: choose joins alternatives; it has none")
+        flows.append(node.flow)
+    if known is not None:
+        for flow in flows:
+            fid = _flow_id(flow)
+            if fid is not None and fid not in known:
+                problems.append(f"node {node.id!r}: no flow or agent {fid!r} is registered")
+    return problems
 
 
 def _problems(nodes: Sequence[Node], known_flows: Iterable[str] | None) -> list[str]:
@@ -91,8 +176,7 @@ def _problems(nodes: Sequence[Node], known_flows: Iterable[str] | None) -> list[
         by_id[node.id] = node
     known = None if known_flows is None else set(known_flows)
     for node in nodes:
-        if known is not None and node.flow_id not in known:
-            problems.append(f"node {node.id!r}: no flow or agent {node.flow_id!r} is registered")
+        problems.extend(_node_shape_problems(node, known))
         for dep in node.deps:
             if dep not in by_id:
                 problems.append(f"node {node.id!r} depends on a missing node {dep!r}")
@@ -107,13 +191,14 @@ def _problems(nodes: Sequence[Node], known_flows: Iterable[str] | None) -> list[
     cycle = _cycle(nodes, by_id)
     if cycle:
         problems.append("a cycle: " + " -> ".join(cycle))
-    else:
-        for node in nodes:
-            ancestors = _ancestors(node.id, by_id)
-            for ref in node.references():
-                problem = _reference_problem(node, ref, by_id, ancestors)
-                if problem:
-                    problems.append(problem)
+    # Checked with a cycle too (ancestors are a reachability set, safe on a cycle), so one
+    # refusal lists every problem.
+    for node in nodes:
+        ancestors = _ancestors(node.id, by_id)
+        for ref in node.references():
+            problem = _reference_problem(node, ref, by_id, ancestors)
+            if problem:
+                problems.append(problem)
     return problems
 
 
@@ -171,7 +256,12 @@ def _reference_problem(
             f"node {node.id!r}: input {ref!r} reads node {head!r}, which it does not "
             "depend on (add it to deps)"
         )
-    fields = _output_fields(by_id[head].flow, path)
+    upstream = by_id[head]
+    if upstream.alternatives:
+        return None  # a list of outputs, or what its chooser returns: not known here
+    if upstream.flow is None:
+        return None  # refused as a node without a flow already
+    fields = _output_fields(upstream.flow, path)
     if fields is not None and path and path[-1] not in fields:
         listed = ", ".join(sorted(fields))
         return (
@@ -244,13 +334,24 @@ class Graph:
 
 
 def node_execution_id(run_id: str, node_id: str) -> str:
-    """The deterministic execution id of ``node_id`` in the graph run ``run_id``."""
+    """The deterministic execution id of ``node_id`` in the graph run ``run_id`` (for a node
+    with alternatives, the prefix of its alternatives' ids)."""
     return f"{run_id}.{node_id}"
+
+
+def alternative_execution_id(run_id: str, node_id: str, index: int) -> str:
+    """The deterministic execution id of alternative ``index`` of ``node_id`` in the run."""
+    return f"{run_id}.{node_id}.{index}"
+
+
+def _execution_ids(run_id: str, node: Node) -> list[str]:
+    return [node_execution_id(run_id, key) for key, _, _ in node.branches(None)]
 
 
 @dataclass(frozen=True, slots=True)
 class NodeRun:
-    """One node's execution as the run last saw it."""
+    """One node's execution as the run last saw it. A node with alternatives reports each in
+    ``alternatives`` (keys ``"node.i"``); its own ``execution_id`` is their ids' prefix."""
 
     node: str
     execution_id: str
@@ -259,6 +360,40 @@ class NodeRun:
     error: dict[str, Any] | None = None
     gate: Gate | None = None
     dispatched: bool = False
+    alternatives: tuple[NodeRun, ...] = ()
+
+
+def combine(node: Node, execution_id: str, runs: Sequence[NodeRun]) -> NodeRun:
+    """One node's run from its alternatives' runs (in declared order)."""
+    dispatched = any(r.dispatched for r in runs)
+    for state in (TaskState.FAILED, TaskState.REJECTED, TaskState.CANCELED):
+        for r in runs:
+            if r.state is state:
+                error = dict(r.error or {})
+                error.setdefault("type", state.value)
+                error["alternative"] = r.node
+                error["execution_id"] = r.execution_id
+                return NodeRun(
+                    node.id, execution_id, state, None, error, None, dispatched, tuple(runs)
+                )
+    for r in runs:
+        if r.state is not TaskState.COMPLETED:
+            return NodeRun(
+                node.id, execution_id, r.state, None, None, None, dispatched, tuple(runs)
+            )
+    try:
+        output = node.join([r.output for r in runs])
+    except Exception as exc:
+        error = {
+            "type": "GraphChooseError",
+            "message": f"node {node.id!r}: choose raised {type(exc).__name__}: {exc}",
+        }
+        return NodeRun(
+            node.id, execution_id, TaskState.FAILED, None, error, None, dispatched, tuple(runs)
+        )
+    return NodeRun(
+        node.id, execution_id, TaskState.COMPLETED, output, None, None, dispatched, tuple(runs)
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,7 +416,15 @@ class GraphRun:
 
     @property
     def waiting(self) -> dict[str, Gate]:
-        return {n: r.gate for n, r in self.nodes.items() if r.gate is not None}
+        """Node (or alternative, ``"node.i"``) -> the gate it waits at."""
+        out: dict[str, Gate] = {}
+        for n, r in self.nodes.items():
+            if r.gate is not None:
+                out[n] = r.gate
+            for alt in r.alternatives:
+                if alt.gate is not None:
+                    out[alt.node] = alt.gate
+        return out
 
     @property
     def output(self) -> Any:
@@ -311,6 +454,8 @@ def _resolve(ref: str, graph_input: Any, outputs: Mapping[str, Any]) -> Any:
     for step in path:
         if isinstance(value, Mapping) and step in value:
             value = value[step]
+        elif isinstance(value, list) and step.isdigit() and int(step) < len(value):
+            value = value[int(step)]  # an alternatives node's outputs
         else:
             raise _MappingError(f"{ref!r}: the output has no {step!r}")
     return value
@@ -363,7 +508,12 @@ async def execute_graph(
     settles.
     """
     run_id = run_id or f"{graph.id}-{uuid.uuid4().hex[:16]}"
-    problem = execution_id_problem(node_execution_id(run_id, "x" * 64))
+    longest = max(len(n.alternatives) for n in graph.nodes)
+    problem = execution_id_problem(
+        alternative_execution_id(run_id, "x" * 64, longest)
+        if longest
+        else node_execution_id(run_id, "x" * 64)
+    )
     if problem is not None:
         raise GraphValidationError(f"graph run {run_id!r}", [f"run id: {problem}"])
     return await _Executor(dispatcher, graph, input, store, run_id, decisions, on_node).run()
@@ -382,7 +532,8 @@ class _Executor:
 
     async def run(self) -> GraphRun:
         decisions = dict(self.decisions or {})
-        unknown = [n for n in decisions if n not in {x.id for x in self.graph.nodes}]
+        keys = {key for x in self.graph.nodes for key, _, _ in x.branches(None)}
+        unknown = [n for n in decisions if n not in keys]
         if unknown:
             raise GraphValidationError(
                 f"graph run {self.run_id!r}",
@@ -414,9 +565,7 @@ class _Executor:
                             )
                             stopped = True
                             break
-                        task = asyncio.ensure_future(
-                            self._node(node, value, decisions.get(node.id))
-                        )
+                        task = asyncio.ensure_future(self._node(node, value, decisions))
                         in_flight[task] = node.id
                 if not in_flight:
                     break
@@ -436,7 +585,8 @@ class _Executor:
         except BaseException:
             for task, nid in in_flight.items():
                 task.cancel()
-                await self.dispatcher.cancel(node_execution_id(self.run_id, nid))
+                for eid in _execution_ids(self.run_id, self.graph.node(nid)):
+                    await self.dispatcher.cancel(eid)
             raise
         return self._report(outputs)
 
@@ -458,8 +608,22 @@ class _Executor:
         not_started = tuple(n.id for n in self.graph.nodes if n.id not in self.results)
         return GraphRun(self.run_id, status, nodes, ordered, self.graph.sinks, not_started)
 
-    async def _node(self, node: Node, value: Any, decision: ResumeEvent | None) -> NodeRun:
-        eid = node_execution_id(self.run_id, node.id)
+    async def _node(self, node: Node, value: Any, decisions: Mapping[str, ResumeEvent]) -> NodeRun:
+        branches = node.branches(value)
+        if not node.alternatives:
+            return await self._branch(node, node.id, node.flow_id, value, decisions.get(node.id))
+        runs = await asyncio.gather(
+            *(
+                self._branch(node, key, _flow_id(flow) or "", inp, decisions.get(key))
+                for key, flow, inp in branches
+            )
+        )
+        return combine(node, node_execution_id(self.run_id, node.id), runs)
+
+    async def _branch(
+        self, node: Node, key: str, flow_id: str, value: Any, decision: ResumeEvent | None
+    ) -> NodeRun:
+        eid = node_execution_id(self.run_id, key)
         state: ExecutionState | None = None
         dispatched = False
         if self.store is not None:
@@ -473,7 +637,7 @@ class _Executor:
                 state = await settled(self.store, eid)
         if state is None:
             package = ExecutionPackage(
-                execution_id=eid, flow_id=node.flow_id, workflow_id=self.run_id, input=value
+                execution_id=eid, flow_id=flow_id, workflow_id=self.run_id, input=value
             )
             state = await self._dispatch(node, package)
             dispatched = True
@@ -505,7 +669,7 @@ class _Executor:
             state = await settled(self.store, eid)
             ts = task_state(state)
         return NodeRun(
-            node.id,
+            key,
             eid,
             ts,
             state.output if ts is TaskState.COMPLETED else None,
@@ -544,14 +708,16 @@ async def cancel_graph(
 ) -> dict[str, TaskState]:
     """Cancel every node of the run that has started and not ended (in the log: a holder
     anywhere is fenced out and stops). A later :func:`execute_graph` of the run reports
-    ``cancelled`` and starts nothing more. Returns each started node's state."""
+    ``cancelled`` and starts nothing more. Returns each started node's state (an
+    alternative's as ``"node.i"``)."""
     states: dict[str, TaskState] = {}
     for node in graph.nodes:
-        eid = node_execution_id(run_id, node.id)
-        state = await runtime.load_state(eid)
-        if state is None:
-            continue
-        if not state.is_terminal:
-            state = await runtime.cancel(eid, reason)
-        states[node.id] = task_state(state)
+        for key, _, _ in node.branches(None):
+            eid = node_execution_id(run_id, key)
+            state = await runtime.load_state(eid)
+            if state is None:
+                continue
+            if not state.is_terminal:
+                state = await runtime.cancel(eid, reason)
+            states[key] = task_state(state)
     return states

@@ -4,7 +4,9 @@ Deterministic under replay: nodes are started in declared order as soon as their
 completed, and awaited in declared order (positions never depend on timing), so the parent's
 log is the same on every replay and a recovered parent finds each node's child by id. Nodes
 whose dependencies are met run at the same time; only the start of a downstream node waits
-for the node it is awaited behind.
+for the node it is awaited behind. A node with alternatives is a fan-out: each alternative is
+its own child (id ``"<run>.<node>.<i>"``), all started at once and taken in declared order
+the way ``ctx.fan_out`` takes its branches.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from loom.errors import ChildFailedError
-from loom.orchestration._graph import Graph, GraphRun, NodeRun, node_input
+from loom.orchestration._graph import Graph, GraphRun, Node, NodeRun, combine, node_input
 from loom.orchestration._tasks import TaskState
 from loom.runtime import WorkflowContext, _children
 from loom.runtime._children import ChildHandle
@@ -35,7 +37,7 @@ async def run_graph_in_flow(ctx: WorkflowContext, graph: Any, input: Any) -> Gra
     if not isinstance(graph, Graph):
         raise TypeError(f"ctx.execute_graph() takes a loom.orchestration.Graph, not {graph!r}")
     run_id = f"{ctx.execution_id}.{ctx._position}"
-    started: dict[str, ChildHandle] = {}
+    started: dict[str, list[ChildHandle]] = {}
     results: dict[str, NodeRun] = {}
     outputs: dict[str, Any] = {}
     stopped = False
@@ -59,14 +61,23 @@ async def run_graph_in_flow(ctx: WorkflowContext, graph: Any, input: Any) -> Gra
                     )
                     stopped = True
                     break
-                started[node.id] = _children.start_child(
-                    ctx, node.flow, value, f"{run_id}.{node.id}", raw=True
-                )
+                started[node.id] = [
+                    _children.start_child(ctx, flow, inp, f"{run_id}.{key}", raw=True)
+                    for key, flow, inp in node.branches(value)
+                ]
         waiting = [n.id for n in graph.nodes if n.id in started and n.id not in results]
         if not waiting:
             break
         nid = waiting[0]  # declared order: the same on every replay
-        handle = started[nid]
+        node = graph.node(nid)
+        if node.alternatives:
+            results[nid] = await _alternatives(ctx, node, f"{run_id}.{nid}", started[nid])
+            if results[nid].state is TaskState.COMPLETED:
+                outputs[nid] = results[nid].output
+            else:
+                stopped = True
+            continue
+        handle = started[nid][0]
         try:
             output = await handle
         except ChildFailedError as exc:
@@ -93,6 +104,24 @@ async def run_graph_in_flow(ctx: WorkflowContext, graph: Any, input: Any) -> Gra
     nodes = {n.id: results[n.id] for n in graph.nodes if n.id in results}
     not_started = tuple(n.id for n in graph.nodes if n.id not in results)
     return GraphRun(run_id, status, nodes, ordered, graph.sinks, not_started)
+
+
+async def _alternatives(
+    ctx: WorkflowContext, node: Node, execution_id: str, handles: list[ChildHandle]
+) -> NodeRun:
+    got = await _children.await_all(ctx, handles, return_exceptions=True)
+    runs: list[NodeRun] = []
+    for (key, _, _), handle, value in zip(node.branches(None), handles, got, strict=True):
+        if isinstance(value, ChildFailedError):
+            state = _failed_state(value)
+            runs.append(
+                NodeRun(key, handle.execution_id, state, error=value.error, dispatched=True)
+            )
+        else:
+            runs.append(
+                NodeRun(key, handle.execution_id, TaskState.COMPLETED, value, dispatched=True)
+            )
+    return combine(node, execution_id, runs)
 
 
 _children.register_graph_runner(run_graph_in_flow)

@@ -596,6 +596,15 @@ async def fan_out(
             )
         pairs.append(branch)
     handles = [start_child(ctx, flow, inp, None) for flow, inp in pairs]
+    return await await_all(ctx, handles, return_exceptions)
+
+
+async def await_all(
+    ctx: WorkflowContext, handles: Sequence[ChildHandle], return_exceptions: bool
+) -> list[Any]:
+    """Await ``handles`` in order (children that ended already are taken in one write); a
+    failed child raises :class:`ChildFailedError`, or with ``return_exceptions`` takes its
+    place in the list."""
     await ctx.settle_child_starts()
     results: list[Any] = []
     for i, handle in enumerate(handles):

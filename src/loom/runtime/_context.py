@@ -709,7 +709,9 @@ class WorkflowContext:
         child execution (id ``"<this id>.<position>.<node>"``), started as soon as its
         dependencies completed and awaited in declared order, so a replay or a recovery
         continues the graph and never runs a finished node again. A node that waits at a
-        gate keeps this flow waiting durably (resume the node by its id). Returns a
+        gate keeps this flow waiting durably (resume the node by its id). A node with
+        alternatives fans out: each alternative is its own child
+        (``"<this id>.<position>.<node>.<i>"``), taken in declared order. Returns a
         :class:`loom.orchestration.GraphRun` (``completed``, ``failed``, ``rejected`` or
         ``cancelled``; nothing downstream of a failed node starts)."""
         return await _children.execute_graph(self, graph, input)
