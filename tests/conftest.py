@@ -26,8 +26,9 @@ PG_DSN = os.environ.get("LOOM_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:543
 
 
 class Backend:
-    """The store a test runs over: ``memory``, ``sqlite`` (a file in the test's tmp_path) or
-    ``postgres`` (a fresh schema, dropped afterwards).
+    """The store a test runs over: ``memory``, ``sqlite`` (a file in the test's tmp_path),
+    ``postgres`` (a fresh schema, dropped afterwards) or ``tenant`` (tenant "acme"'s view of a
+    SQLite file, for tests of what the tenant view must pass through).
 
     ``store()`` opens one more store over the same data (what a restarted process or a second
     process sees; on ``memory`` it is the one shared instance). Every store opened is closed at
@@ -50,6 +51,10 @@ class Backend:
         store: Store
         if self.kind == "sqlite":
             store = SQLiteStore(self.location)
+        elif self.kind == "tenant":
+            from loom.storage.tenancy import TenantScopedEventStore
+
+            store = TenantScopedEventStore(SQLiteStore(self.location), "acme", close_store=True)
         else:
             from loom.storage.postgres import PostgresStore
 
@@ -71,6 +76,8 @@ BACKENDS = ["memory", "sqlite", pytest.param("postgres", marks=pytest.mark.postg
 # The backends whose every store() is a handle of its own over the same data (what a second
 # process sees): for tests about one runtime closing while another carries on.
 DURABLE = BACKENDS[1:]
+# And the tenant view over SQLite, for the runtime features the view must pass through.
+WITH_TENANT = [*BACKENDS, "tenant"]
 
 
 @pytest.fixture(params=BACKENDS)

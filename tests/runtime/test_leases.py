@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -14,37 +13,23 @@ import loom
 from loom.errors import ConfigurationError
 from loom.model import EventType, ExecutionStatus
 from loom.storage import InMemoryStore, LeaseStore, SQLiteStore, Store
-from loom.storage.postgres import PostgresStore
-from loom.storage.tenancy import TenantScopedEventStore
 from loom.testing import SkippingClock
+from tests.conftest import WITH_TENANT, Backend
 from tests.support.flows import EffectLedger
-from tests.support.pg import require_pg, temp_schema
 from tests.support.poll import until
 from tests.support.proc import Child
 
-BACKENDS = ["memory", "sqlite", "tenant", pytest.param("postgres", marks=pytest.mark.postgres)]
+
+@pytest.fixture
+def lease_store(backend: Backend) -> Store:
+    return backend.store()
 
 
-@pytest.fixture(params=BACKENDS)
-async def lease_store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
-    if request.param == "memory":
-        yield InMemoryStore()
-    elif request.param == "sqlite":
-        store = SQLiteStore(tmp_path / "leases.db")
-        yield store
-        await store.close()
-    elif request.param == "tenant":
-        view = TenantScopedEventStore(SQLiteStore(tmp_path / "t.db"), "acme", close_store=True)
-        yield view
-        await view.close()
-    else:
-        dsn = require_pg()
-        async with temp_schema(dsn) as schema:
-            pg = await PostgresStore.open(dsn, schema=schema)
-            yield pg
-            await pg.close()
+# The lease contract holds on every store, the tenant view included.
+on_every_store = pytest.mark.parametrize("backend", WITH_TENANT, indirect=True)
 
 
+@on_every_store
 async def test_the_lease_contract(lease_store: Store) -> None:
     assert isinstance(lease_store, LeaseStore)
     assert await lease_store.lease_expiry("e") is None

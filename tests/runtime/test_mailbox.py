@@ -17,34 +17,24 @@ from loom.errors import (
     ResumeValidationError,
 )
 from loom.model import EventType, ExecutionStatus
-from loom.storage import InMemoryStore, MailboxStore, SQLiteStore, TenantScopedEventStore
-from loom.storage.postgres import PostgresStore
+from loom.storage import InMemoryStore, MailboxStore, SQLiteStore
 from loom.testing import SkippingClock
-from tests.support.pg import require_pg, temp_schema
+from tests.conftest import WITH_TENANT, Backend
 
 
 class Greeting(pydantic.BaseModel):
     text: str
 
 
-@pytest.fixture(params=["memory", "sqlite", "postgres", "tenant"])
-async def runtime(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Any]:
-    if request.param == "postgres":
-        dsn = require_pg()
-        async with temp_schema(dsn) as schema:
-            rt = loom.WorkflowRuntime(PostgresStore(dsn, schema=schema), clock=SkippingClock())
-            yield rt
-            await rt.close()
-        return
-    if request.param == "memory":
-        store: Any = InMemoryStore()
-    elif request.param == "sqlite":
-        store = SQLiteStore(tmp_path / "m.db")
-    else:
-        store = TenantScopedEventStore(SQLiteStore(tmp_path / "t.db"), "acme", close_store=True)
-    rt = loom.WorkflowRuntime(store, clock=SkippingClock())
+@pytest.fixture
+async def runtime(backend: Backend) -> AsyncIterator[Any]:
+    rt = loom.WorkflowRuntime(backend.store(), clock=SkippingClock())
     yield rt
     await rt.close()
+
+
+# The mailbox works on every store, the tenant view included.
+on_every_store = pytest.mark.parametrize("backend", WITH_TENANT, indirect=True)
 
 
 RELEASE: dict[str, asyncio.Event] = {}
@@ -64,6 +54,7 @@ async def greeter(ctx: loom.WorkflowContext, key: str) -> str:
     return f"{first.text}-{second.text}"
 
 
+@on_every_store
 async def test_a_decision_sent_before_the_gate_is_consumed_when_the_gate_is_reached(
     runtime: loom.WorkflowRuntime,
 ) -> None:
@@ -90,6 +81,7 @@ async def test_a_decision_sent_before_the_gate_is_consumed_when_the_gate_is_reac
     assert await runtime.store.pending_messages("early-1", "Greet") == []
 
 
+@on_every_store
 async def test_messages_are_consumed_oldest_first_and_validated_before_storing(
     runtime: loom.WorkflowRuntime,
 ) -> None:
@@ -107,6 +99,7 @@ async def test_messages_are_consumed_oldest_first_and_validated_before_storing(
     assert [m.payload for m in left] == [{"text": "c"}]
 
 
+@on_every_store
 async def test_a_message_to_a_suspended_gate_resumes_it(runtime: loom.WorkflowRuntime) -> None:
     RELEASE["late"] = asyncio.Event()
     RELEASE["late"].set()
@@ -117,6 +110,7 @@ async def test_a_message_to_a_suspended_gate_resumes_it(runtime: loom.WorkflowRu
     assert await runtime.handle("late-1").result(timeout=10) == "x-y"
 
 
+@on_every_store
 async def test_send_refuses_what_no_gate_can_take(runtime: loom.WorkflowRuntime) -> None:
     RELEASE["refuse"] = asyncio.Event()
     RELEASE["refuse"].set()
@@ -135,6 +129,7 @@ async def test_send_refuses_what_no_gate_can_take(runtime: loom.WorkflowRuntime)
 # ------------------------------------------------------------------ idempotency (item 5)
 
 
+@on_every_store
 async def test_a_retried_resume_is_not_delivered_to_a_later_gate(
     runtime: loom.WorkflowRuntime,
 ) -> None:
@@ -158,6 +153,7 @@ async def test_a_retried_resume_is_not_delivered_to_a_later_gate(
     assert await handle.result(timeout=10) == "hello-world"  # never "hello-hello"
 
 
+@on_every_store
 async def test_a_repeated_send_key_stores_one_message(runtime: loom.WorkflowRuntime) -> None:
     RELEASE["dup"] = asyncio.Event()
     handle = await runtime.start(greeter, "dup", execution_id="dup-1")
