@@ -3,29 +3,17 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import loom
 from loom.model import ExecutionStatus
 from tests.support.agent_app import SUPPORT
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support.proc import run_child
 
 
 def loom_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    env.pop("LOOM_TEST_LEDGER", None)
-    return subprocess.run(
-        [sys.executable, "-m", "loom.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
-        env=env,
-    )
+    return run_child("loom.cli", *args, drop=("LOOM_TEST_LEDGER",))
 
 
 async def _start(db: Path, eid: str) -> None:

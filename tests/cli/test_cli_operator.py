@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 from typer.testing import CliRunner
@@ -15,9 +12,9 @@ import loom
 from loom.cli import app
 from loom.testing import replay_flow
 from tests.support import upgrade_flows as uf
+from tests.support.proc import run_child
 
 runner = CliRunner()
-ROOT = Path(__file__).resolve().parents[2]
 APP = "tests.support.upgrade_flows:FLOWS_V1"
 
 
@@ -93,14 +90,10 @@ def test_approve_and_reject_a_plain_gate_with_identity(db_path: Path) -> None:
 
 
 def test_console_refuses_a_public_address_without_a_token(db_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if k != "LOOM_CONSOLE_TOKEN"}
-    out = subprocess.run(
-        [sys.executable, "-m", "loom.cli", "console", "--db", str(db_path), "--host", "0.0.0.0"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**env, "PYTHONPATH": str(ROOT)},
-    )
+    out = run_child(
+        "loom.cli", "console", "--db", db_path, "--host", "0.0.0.0",
+        drop=("LOOM_CONSOLE_TOKEN",), timeout=60,
+    )  # fmt: skip
     assert out.returncode == 1
     assert "LOOM_CONSOLE_TOKEN" in out.stdout + out.stderr
     assert "Traceback" not in out.stdout + out.stderr

@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import collections
 import json
-import os
 import signal
 import subprocess
-import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -20,8 +18,8 @@ import loom
 from loom.storage import ExecutionQuery, SQLiteStore, Store
 from loom.storage.postgres import PostgresStore
 from tests.support.pg import require_pg, temp_schema
+from tests.support.proc import run_child
 
-ROOT = Path(__file__).resolve().parents[2]
 MODES = {
     # The first child's start is durable, the parent has not recorded it, nothing ran.
     "child-start": {"LOOM_FAULTS": "after_start_before_drive=kill@2"},
@@ -33,16 +31,7 @@ MODES = {
 
 
 def _run(args: list[str], env_extra: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("LOOM_FAULTS", "LOOM_CHILD_CRASH")}
-    env.update(env_extra, PYTHONPATH=str(ROOT))
-    return subprocess.run(
-        [sys.executable, "-m", "tests.children.parent_with_children", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return run_child("parent_with_children", *args, env=env_extra, drop=("LOOM_CHILD_CRASH",))
 
 
 @asynccontextmanager
