@@ -22,14 +22,25 @@ from loom.placement import (
     is_superseded_refusal,
 )
 from loom.storage import SQLiteStore, Store, TenantScopedEventStore
+from loom.storage.postgres import PostgresStore
 from tests.support.arena import Arena, ArenaWorker, DelayedBootstrap
+from tests.support.pg import require_pg, temp_schema
 
 EID = "pay-7"
 PACKAGE = ExecutionPackage(execution_id=EID, flow_id="one-effect")
 
 
-@pytest.fixture(params=["plain", "tenant"])
+@pytest.fixture(params=["plain", "tenant", pytest.param("postgres", marks=pytest.mark.postgres)])
 async def arena(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
+    if request.param == "postgres":  # the same races over PostgreSQL's fencing
+        dsn = require_pg()
+        async with temp_schema(dsn) as schema:
+            pg = PostgresStore(dsn, schema=schema)
+            a = Arena(pg, lambda store: store)
+            yield a
+            await a.close()
+            await pg.close()
+        return
     shared = SQLiteStore(tmp_path / "arena.db")
     if request.param == "tenant":
 
