@@ -12,9 +12,11 @@ the parent's (nothing is copied); a tenant view can only name its own executions
 never crosses tenants.
 
 ``runtime.promote(from_ref, to_ref, by=...)`` fast-forwards a ref onto a branch and, when the
-target pointed at the parent the branch was forked from at a gate, closes that gate on the
-parent first with a recorded ``branches.gate_superseded`` (and ends the parent, cancelled, with
-the reason): a later approval of the parent is refused with :class:`GateSupersededError`.
+target pointed at the parent the branch was forked from at a gate, then closes that gate on the
+parent with a recorded ``branches.gate_superseded`` (and ends the parent, cancelled, with the
+reason): a later approval of the parent is refused with :class:`GateSupersededError`. The ref
+moves first so that a promotion losing the registry's compare-and-swap has closed nothing; the
+close is idempotent, so re-running a promotion stopped in between completes it.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from loom.model import (
     ExecutionState,
     ExecutionStatus,
     ExecutionSuspended,
+    Gate,
     OpKind,
     OpStatus,
     Payload,
@@ -312,60 +315,102 @@ async def promote(
         if ref is None:
             raise RefNotFoundError(f"no ref {name!r}", ref=name)
     assert src is not None and dst is not None
-    # The registry's own rule, checked first: a promotion that cannot happen closes nothing.
+    # The registry's own rule, checked first: a promotion that cannot happen reads no more.
     promoted(src, dst, by=by, reason=reason, now=0.0)
-    if (
-        src.forked_from is not None
-        and src.fork_sequence is not None
-        and dst.execution_id == src.forked_from
+    gate: Gate | None = None
+    forked = src.forked_from is not None and src.fork_sequence is not None
+    if forked and dst.execution_id == src.forked_from:
+        gate = await _gate_at_fork(runtime, src)
+        if gate is not None:
+            await _closable(runtime, src, gate, to_ref, strict=True)
+    elif (
+        forked
+        and dst.execution_id == src.execution_id
+        and dst.promoted_from == src.name
+        and (dst.forked_from, dst.fork_sequence) == (src.forked_from, src.fork_sequence)
     ):
-        await _supersede(runtime, src, to_ref, by, reason)
-    return await registry.promote(from_ref, to_ref, by=by, reason=reason)
+        # The ref already points at this branch by this very promotion: a retry after a
+        # crash between the ref's move and the gate's close completes it.
+        gate = await _gate_at_fork(runtime, src)
+    # The ref moves first, by compare-and-swap: a promotion that loses it has touched
+    # nothing, so the parent's gate stays open and approvable. Only then is the gate closed
+    # (idempotently: a retried promotion finds it closed by this branch already).
+    moved = await registry.promote(from_ref, to_ref, by=by, reason=reason)
+    if gate is not None:
+        await _supersede(runtime, src, gate, to_ref, by, reason)
+    return moved
+
+
+async def _gate_at_fork(runtime: WorkflowRuntime, src: BranchRef) -> Gate | None:
+    """The parent's gate ``src`` was forked at, or None (forked between steps, at a sleep)."""
+    assert src.forked_from is not None and src.fork_sequence is not None
+    then = await runtime.load_state(src.forked_from, at_sequence=src.fork_sequence)
+    if then is None or then.status is not ExecutionStatus.SUSPENDED or then.waiting is None:
+        return None
+    if then.waiting.event_type == _TIMER_EVENT:
+        return None
+    return then.waiting
+
+
+async def _closable(
+    runtime: WorkflowRuntime, src: BranchRef, gate: Gate, to_ref: str, *, strict: bool
+) -> ExecutionState | None:
+    """The parent's state if its gate can be closed for ``src`` now; None when ``src``
+    closed it already. A gate closed by another branch, or a decision the parent already
+    took, raise :class:`PromotionConflictError` (``strict``: before the ref moved)."""
+    parent = src.forked_from
+    assert parent is not None and src.fork_sequence is not None
+    state = await runtime.load_state(parent)
+    if state is None:
+        return None
+    by_branch = superseded_gate(state, gate.event_type)
+    if by_branch == src.execution_id:
+        return None  # a retried promotion: already recorded
+    moved = "" if strict else f" (ref {to_ref!r} was moved onto {src.execution_id!r} already)"
+    if by_branch is not None:
+        raise PromotionConflictError(
+            f"the gate {gate.event_type!r} of {parent!r} was already superseded by branch "
+            f"{by_branch!r}; {src.name!r} cannot replace it{moved}",
+            execution_id=parent,
+            ref=to_ref,
+            expected=[parent, src.fork_sequence],
+            actual=[by_branch, None],
+        )
+    waiting = state.waiting
+    if (
+        state.status is not ExecutionStatus.SUSPENDED
+        or waiting is None
+        or waiting.position != gate.position
+    ):
+        raise PromotionConflictError(
+            f"execution {parent!r} no longer waits at the gate {gate.event_type!r} "
+            f"(position {gate.position}) that {src.name!r} was forked at: it is "
+            f"{state.status}; the branch cannot replace a decision already taken{moved}",
+            execution_id=parent,
+            ref=to_ref,
+            expected=[parent, src.fork_sequence],
+            actual=[parent, state.last_sequence],
+        )
+    return state
 
 
 async def _supersede(
-    runtime: WorkflowRuntime, src: BranchRef, to_ref: str, by: str, reason: str | None
+    runtime: WorkflowRuntime,
+    src: BranchRef,
+    gate: Gate,
+    to_ref: str,
+    by: str,
+    reason: str | None,
 ) -> None:
-    """Close the parent's gate that ``src`` was forked at (if it was forked at one)."""
+    """Close the parent's ``gate`` that ``src`` was forked at (once)."""
     parent = src.forked_from
-    assert parent is not None and src.fork_sequence is not None
-    then = await runtime.load_state(parent, at_sequence=src.fork_sequence)
-    if then is None or then.status is not ExecutionStatus.SUSPENDED or then.waiting is None:
-        return  # forked between steps: there is no gate to close
-    gate = then.waiting
-    if gate.event_type == _TIMER_EVENT:
-        return
+    assert parent is not None
     for _ in range(_RETRIES):
+        if await _closable(runtime, src, gate, to_ref, strict=False) is None:
+            return
         state, snap_seq = await runtime._load(parent)
         if state is None:
             return
-        by_branch = superseded_gate(state, gate.event_type)
-        if by_branch == src.execution_id:
-            return  # a retried promotion: already recorded
-        if by_branch is not None:
-            raise PromotionConflictError(
-                f"the gate {gate.event_type!r} of {parent!r} was already superseded by branch "
-                f"{by_branch!r}; {src.name!r} cannot replace it",
-                execution_id=parent,
-                ref=to_ref,
-                expected=[parent, src.fork_sequence],
-                actual=[by_branch, None],
-            )
-        waiting = state.waiting
-        if (
-            state.status is not ExecutionStatus.SUSPENDED
-            or waiting is None
-            or waiting.position != gate.position
-        ):
-            raise PromotionConflictError(
-                f"execution {parent!r} no longer waits at the gate {gate.event_type!r} "
-                f"(position {gate.position}) that {src.name!r} was forked at: it is "
-                f"{state.status}; the branch cannot replace a decision already taken",
-                execution_id=parent,
-                ref=to_ref,
-                expected=[parent, src.fork_sequence],
-                actual=[parent, state.last_sequence],
-            )
         why = f"gate {gate.event_type!r} superseded by branch {src.execution_id!r}"
         why += f" (ref {src.name!r} promoted to {to_ref!r} by {by})"
         events: list[Any] = [

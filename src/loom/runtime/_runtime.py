@@ -643,11 +643,13 @@ class WorkflowRuntime:
     ) -> BranchRef:
         """Fast-forward ref ``to_ref`` onto branch ref ``from_ref``; return the moved ref.
 
-        When ``to_ref`` points at the parent ``from_ref`` was forked from at a gate, the
-        parent's gate is closed first with a recorded ``branches.gate_superseded`` (the parent
-        ends cancelled, with the reason), so approving the parent later raises
-        :class:`GateSupersededError`. Of two branches forked at one gate, only the first
-        promoted wins: the other gets :class:`PromotionConflictError`, nothing changed.
+        When ``to_ref`` points at the parent ``from_ref`` was forked from at a gate, the ref
+        moves (compare-and-swap) and then the parent's gate is closed with a recorded
+        ``branches.gate_superseded`` (the parent ends cancelled, with the reason), so approving
+        the parent later raises :class:`GateSupersededError`. Of two branches forked at one
+        gate, only the first promoted wins: the other gets :class:`PromotionConflictError`,
+        nothing changed (the parent's gate stays open). Re-running a promotion interrupted
+        after the ref moved closes the gate, once.
         """
         from loom.runtime import _fork
 
