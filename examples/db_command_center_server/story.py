@@ -1,6 +1,7 @@
 """A client driving the service over HTTP: four requests submitted, followed by id until each
 settles, the pending approvals listed with their row counts, one approved, one rejected, one
-cancelled, a decision on a request that no longer waits refused, and the results read back."""
+cancelled, a decision on a request that no longer waits refused, the results read back, and
+what ran for each request (``EXECUTED <effect> xN`` from the effect ledger)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from typing import Any
 
 import httpx
 
-from examples.db_command_center.story import REQUESTS
+from examples._support import Ledger, executed_lines
+from examples.db_command_center.story import ORDER, REQUESTS
 
 Print = Callable[[str], None]
 SETTLED = ("completed", "suspended", "cancelled", "failed")
@@ -86,6 +88,18 @@ async def run_client(
             facts[f"{key}.status"] = view["status"]
             facts[f"{key}.answer"] = view["ui"].get("answer")
             say(f"GET {eid}: {view['status']}: {view['ui'].get('answer') or ''}".rstrip(": "))
+        # What ran, from the effect ledger every process of the service writes to (the
+        # service's own, or its workers'): the proof a crash paid nothing twice.
+        ledger = Ledger()
+        executed: dict[str, list[str]] = {}
+        for key, eid in ids.items():
+            lines = executed_lines(ledger.counts(eid), ORDER)
+            executed[key] = [" ".join(line.split()) for line in lines]
+            say(f"{eid} ({key}):")
+            for line in lines:
+                say(line)
+        facts["executed"] = executed
+        facts["unattributed"] = dict(ledger.counts(""))
         listing = (await client.get(f"{url}/api/requests")).json()["requests"]
         facts["listed"] = sorted(r["id"] for r in listing)
         health = (await client.get(f"{url}/healthz")).json()

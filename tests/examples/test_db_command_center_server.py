@@ -102,12 +102,47 @@ def _check_story(facts: dict[str, object]) -> None:
     assert ledger.counts(ids["archive"])["write"] == 1
     assert ledger.counts(ids["cleanup"])["write"] == 0
     assert ledger.counts(ids["regions"])["write"] == 0
+    # What the story prints: every request's effects, from the ledger.
+    assert facts["executed"] == {
+        "why": ["EXECUTED model:planner x1", "EXECUTED query x2", "EXECUTED model:analyst x1"],
+        "archive": [
+            "EXECUTED model:planner x1",
+            "EXECUTED query x1",
+            "EXECUTED preview x1",
+            "EXECUTED write x1",
+            "EXECUTED model:analyst x1",
+        ],
+        "cleanup": [
+            "EXECUTED model:planner x1",
+            "EXECUTED preview x1",
+            "EXECUTED model:analyst x1",
+        ],
+        "regions": ["EXECUTED model:planner x1", "EXECUTED preview x1"],
+    }
+    # Nothing ran outside a step (a model call there is filed under no execution).
+    assert facts["unattributed"] == {}
 
 
 async def test_service_in_process_on_sqlite(env: Path) -> None:
     async with service(env, "--placement", "local") as (_, url):
         facts = await run_client(url, lambda _: None)
     _check_story(facts)
+
+
+def test_the_story_prints_what_ran(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOOM_")}
+    env["PYTHONPATH"] = str(ROOT)
+    done = subprocess.run(
+        [sys.executable, "-m", "examples.db_command_center_server",
+         "--placement", "local", "--workdir", str(tmp_path)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    out = [" ".join(line.split()) for line in done.stdout.splitlines()]
+    assert out.count("EXECUTED model:planner x1") == 4  # one plan per request
+    assert out.count("EXECUTED write x1") == 1  # only the approved archive wrote
+    assert out.count("EXECUTED model:analyst x1") == 3  # the cancelled request has no answer
+    assert "EXECUTED query x2" in out
 
 
 async def test_service_killed_mid_request_continues_after_restart(env: Path) -> None:
@@ -121,6 +156,7 @@ async def test_service_killed_mid_request_continues_after_restart(env: Path) -> 
         view = await settled(client, url, eid)
     assert view["status"] == "completed"
     assert Ledger().counts(eid) == {"model:planner": 1, "query": 2, "model:analyst": 1}
+    assert Ledger().counts() == Ledger().counts(eid)  # nothing filed outside the request
 
 
 @pytest.mark.postgres
