@@ -55,6 +55,10 @@ class TaskNotFoundError(LoomError):
     """No task (execution) of that id exists."""
 
     code = "task_not_found"
+    default_hint = (
+        "Check the task id (send() returns it) and that this bus reads the store its workers "
+        "write to; bus.wait(task_id, missing_ok=True) waits for a task still being started"
+    )
 
 
 class TaskTerminalError(LoomError):

@@ -14,7 +14,7 @@ from typing import Any
 
 import pydantic
 
-from loom.errors import NotWaitingError, ResumeError
+from loom.errors import FlowNotFoundError, NotWaitingError, ResumeError
 from loom.model import ExecutionState, ExecutionStatus, Gate, execution_id_problem
 from loom.orchestration._errors import GraphDispatchError, GraphValidationError
 from loom.orchestration._tasks import TaskState, fold, settled, task_state
@@ -687,6 +687,15 @@ class _Executor:
         eid = package.execution_id
         try:
             result: ExecutionResult = await self.dispatcher.dispatch(package)
+        except FlowNotFoundError as exc:
+            raise FlowNotFoundError(
+                f"graph run {self.run_id!r}, node {node.id!r} (execution {eid!r}): {exc.message}",
+                execution_id=eid,
+                hint=f"Register flow {package.flow_id!r} with the dispatcher's workers, or "
+                "build the Graph with known_flows= to refuse it before anything is dispatched",
+                node=node.id,
+                flow_id=package.flow_id,
+            ) from exc
         except Exception as exc:
             if not is_superseded_refusal(exc, eid):
                 raise

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from loom.errors import ChildFailedError
+from loom.errors import ChildFailedError, FlowNotFoundError
 from loom.orchestration._graph import Graph, GraphRun, Node, NodeRun, combine, node_input
 from loom.orchestration._tasks import TaskState
 from loom.runtime import WorkflowContext, _children
@@ -62,7 +62,7 @@ async def run_graph_in_flow(ctx: WorkflowContext, graph: Any, input: Any) -> Gra
                     stopped = True
                     break
                 started[node.id] = [
-                    _children.start_child(ctx, flow, inp, f"{run_id}.{key}", raw=True)
+                    _start(ctx, run_id, node.id, key, flow, inp)
                     for key, flow, inp in node.branches(value)
                 ]
         waiting = [n.id for n in graph.nodes if n.id in started and n.id not in results]
@@ -104,6 +104,25 @@ async def run_graph_in_flow(ctx: WorkflowContext, graph: Any, input: Any) -> Gra
     nodes = {n.id: results[n.id] for n in graph.nodes if n.id in results}
     not_started = tuple(n.id for n in graph.nodes if n.id not in results)
     return GraphRun(run_id, status, nodes, ordered, graph.sinks, not_started)
+
+
+def _start(
+    ctx: WorkflowContext, run_id: str, node: str, key: str, flow: Any, inp: Any
+) -> ChildHandle:
+    child_id = f"{run_id}.{key}"
+    try:
+        return _children.start_child(ctx, flow, inp, child_id, raw=True)
+    except FlowNotFoundError as exc:
+        raise FlowNotFoundError(
+            f"execution {ctx.execution_id!r}, graph run {run_id!r}, node {node!r} (execution "
+            f"{child_id!r}): no flow {flow!r} is registered",
+            execution_id=ctx.execution_id,
+            hint=f"Register flow {flow!r} on this runtime (runtime.register(flow)), or put the "
+            "@loom.flow object itself in the Node",
+            node=node,
+            node_execution_id=child_id,
+            flow_id=flow,
+        ) from exc
 
 
 async def _alternatives(

@@ -31,6 +31,7 @@ from loom.errors import (
     ConfigurationError,
     ExecutionAlreadyExistsError,
     ExecutionNotFoundError,
+    FlowNotFoundError,
     LoomError,
     NotWaitingError,
 )
@@ -207,7 +208,16 @@ def _resolve(rt: WorkflowRuntime, flow: Flow[Any, Any] | str, parent_id: str) ->
     if isinstance(flow, Flow):
         return flow
     if isinstance(flow, str):
-        return rt.get_flow(flow)
+        try:
+            return rt.get_flow(flow)
+        except FlowNotFoundError as exc:
+            raise FlowNotFoundError(
+                f"execution {parent_id!r} asked for a child of flow {flow!r}: {exc.message}",
+                execution_id=parent_id,
+                hint=f"Register flow {flow!r} on this runtime (runtime.register(flow)), or pass "
+                "the @loom.flow object itself to ctx.call / ctx.start_child",
+                flow_id=flow,
+            ) from exc
     raise ConfigurationError(
         f"execution {parent_id!r} asked for a child of {flow!r}: a child runs a @loom.flow "
         "(or a registered flow id)",
