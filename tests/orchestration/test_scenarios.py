@@ -56,6 +56,10 @@ class Placement:
                     assert pid == os.getpid()
         return counts
 
+    def pids_used(self, prefix: str = "") -> set[int]:
+        """The processes that ran the effects of executions under ``prefix``."""
+        return {pid for eid, _, pid in scenario.effects(self.ledger) if eid.startswith(prefix)}
+
     def bus(self) -> InProcessA2ABus:
         bus = InProcessA2ABus(self.runtime, self.dispatcher)
         for agent in scenario.AGENTS:
@@ -135,6 +139,10 @@ async def test_graph_gate_approved(placement: Placement) -> None:
         ("g-ok.review", "publish"): 1,
         ("g-ok.writer", "model:writer"): 1,
     }
+    if p.kind == "http":
+        # Round-robin placement: the run's dispatches were spread over both worker processes.
+        assert len(p.worker_pids) == 2
+        assert p.pids_used("g-ok.") == p.worker_pids
 
 
 async def test_graph_gate_rejected_by_the_operator(placement: Placement) -> None:
