@@ -11,7 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from examples._support import LEDGER_ENV, STORE_ENV, Placement, http_placement, local_placement
+from examples._support import (
+    LEDGER_ENV,
+    STORE_ENV,
+    Ledger,
+    Placement,
+    http_placement,
+    local_placement,
+)
 from examples.db_command_center import story
 from examples.db_command_center.app import SAMPLE_DB_ENV, create_sample_db, make_runtime
 
@@ -65,6 +72,8 @@ async def test_sigkill_mid_request(placement: Placement, tmp_path: Path) -> None
     assert facts["exit_code"] == -9
     assert (facts["left"], facts["after"]) == ("running", "completed")
     assert facts["counts"] == {"model:planner": 1, "query": 2, "model:analyst": 1}
+    # ... and in total: a model call outside a step (filed under no execution) is caught too.
+    assert Ledger().counts() == facts["counts"]
     assert "card payments failed" in facts["answer"]
 
 

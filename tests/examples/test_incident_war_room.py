@@ -11,7 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from examples._support import LEDGER_ENV, STORE_ENV, Placement, http_placement, local_placement
+from examples._support import (
+    LEDGER_ENV,
+    STORE_ENV,
+    Ledger,
+    Placement,
+    http_placement,
+    local_placement,
+)
 from examples.incident_war_room import story
 from examples.incident_war_room.app import CLOCK_ENV, make_runtime
 
@@ -61,12 +68,12 @@ async def test_sigkilled_investigator_continues_by_id(placement: Placement, tmp_
     assert (facts["left"], facts["after"]) == ("running", "completed")
     # Two turns, each asked once in total across both processes; the tool ran once.
     assert facts["counts"] == {"model:logs-investigator": 2, "tool:search_logs": 1}
+    # ... and in total: a model call outside a step (filed under no execution) is caught too.
+    assert Ledger().counts() == facts["counts"]
     assert facts["output"]["suspect"] == "checkout-api"
 
 
 async def test_running_the_commander_again_reruns_nothing(placement: Placement) -> None:
-    from examples._support import Ledger
-
     bus = story.make_bus(placement)
     first = await story.investigate_and_plan(bus, "inc-again", story.ALERT, lambda _: None)
     before = Ledger().counts()
@@ -96,3 +103,4 @@ async def test_sigkilled_commander_rerun_continues(
     for name in ("flag", "deploy", "capacity"):
         assert counts[f"model:{name}-operator"] == 1
     assert not any(k.startswith("remediation:") for k in counts)  # all wait for approval
+    assert Ledger().counts("") == {}  # no model call outside a step (filed under no execution)

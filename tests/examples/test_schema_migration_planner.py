@@ -79,6 +79,8 @@ async def test_crash_act_sigkill_pays_the_model_once(placement: Placement, tmp_p
     assert facts["exit_code"] == -9  # a real SIGKILL at the fault point
     assert facts["status"] == "completed"
     assert facts["counts"] == {"inspect": 1, "model:risk": 1, "apply": 1}
+    # ... and in total: a model call outside a step (filed under no execution) is caught too.
+    assert Ledger().counts() == facts["counts"]
     state = await placement.runtime.load_state("crash-backfill")
     assert state is not None and state.output["strategy"] == "chunked"
     pids = {pid for eid, name, pid in Ledger().rows() if eid == "crash-backfill"}
