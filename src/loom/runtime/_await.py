@@ -82,9 +82,9 @@ async def subscribe(
             execution_id=execution_id,
             hint="Check the id, or pass missing_ok=True to wait for it to be started",
         )
-    if state is not None and state.is_terminal and after_sequence >= state.last_sequence:
-        # Its end is at or before where the caller already is: nothing more will come.
-        return
+    # Ended already: what is left of its log is all that will come (the caller may be at or
+    # past its terminal event, which would otherwise be waited for forever).
+    ended = state is not None and state.is_terminal
     while True:
         batch = await rt.store.read(execution_id, from_sequence=last + 1, limit=256)
         for env in batch:
@@ -93,4 +93,6 @@ async def subscribe(
             if str(env.type) in _TERMINAL:
                 return
         if len(batch) < 256:
+            if ended:
+                return
             await rt.store.wait_for_append(execution_id, last, timeout=None)
