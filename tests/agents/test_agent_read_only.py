@@ -5,10 +5,7 @@ while such a tool runs re-asks the model for that turn only; every other guarant
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +16,8 @@ from loom.llm import ScriptedProvider, reply, tool_calls
 from loom.model import ExecutionStatus
 from loom.testing import SkippingClock
 from tests.support.flows import EffectLedger
+from tests.support.proc import run_child
 
-ROOT = Path(__file__).resolve().parents[2]
 READS: list[str] = []
 
 
@@ -120,18 +117,10 @@ async def test_a_read_only_tool_behind_an_approval_is_not_shared(tmp_path: Path)
 
 
 def _child(mode: str, db: Path, eid: str, ledger: Path, faults: str | None = None) -> Any:
-    env = {**os.environ, "LOOM_TEST_LEDGER": str(ledger), "PYTHONPATH": str(ROOT)}
-    env.pop("LOOM_FAULTS", None)
+    env = {"LOOM_TEST_LEDGER": str(ledger)}
     if faults:
         env["LOOM_FAULTS"] = faults
-    return subprocess.run(
-        [sys.executable, "-m", "tests.children.agent_read_only", mode, str(db), eid],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
-    )
+    return run_child("agent_read_only", mode, db, eid, env=env)
 
 
 async def _status(db: Path, eid: str) -> ExecutionStatus | None:

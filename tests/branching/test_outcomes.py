@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -16,19 +14,11 @@ import pytest
 import loom
 from loom.learning import OUTCOME_EVENT, DecisionError, trajectories
 from loom.storage import SQLiteStore
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support.proc import run_child
 
 
 def _child(db: Path, work: Path, mode: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "tests.children.decision", str(db), str(work), mode],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'src'}"},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return run_child("decision", db, work, mode)
 
 
 async def test_sigkill_after_a_decision_serves_the_same_action_and_scores_it_once(

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -17,37 +14,7 @@ from loom.model import ExecutionStatus
 from loom.storage import SQLiteStore
 from loom.storage.postgres import PostgresStore
 from tests.support.pg import require_pg, temp_schema
-
-# The driving process: starts "remote-1", waits for the go file, then completes it.
-_DRIVER = textwrap.dedent(
-    """
-    import asyncio, os, sys
-    import loom
-    from loom.storage import SQLiteStore
-    from loom.storage.postgres import PostgresStore
-
-    kind, where, schema, go = sys.argv[1:5]
-
-    @loom.step(id="wait-for-go")
-    async def wait_for_go() -> str:
-        while not os.path.exists(go):
-            await asyncio.sleep(0.02)
-        return "went"
-
-    @loom.flow(id="remote", version="1")
-    async def remote(ctx: loom.WorkflowContext, n: int) -> dict:
-        said = await ctx.run(wait_for_go)
-        return {"n": n, "said": said}
-
-    async def main() -> None:
-        store = SQLiteStore(where) if kind == "sqlite" else PostgresStore(where, schema=schema)
-        async with loom.WorkflowRuntime(store=store, timers=False) as rt:
-            handle = await rt.start(remote, 7, execution_id="remote-1")
-            await handle.wait_for_completion(timeout=60)
-
-    asyncio.run(main())
-    """
-)
+from tests.support.proc import Child
 
 
 async def _waits_for_other_process(
@@ -55,7 +22,9 @@ async def _waits_for_other_process(
 ) -> None:
     async with loom.WorkflowRuntime(store=store, timers=False) as rt:
         waiter = asyncio.create_task(rt.wait("remote-1", missing_ok=True, timeout=60))
-        proc = subprocess.Popen([sys.executable, "-c", _DRIVER, kind, where, schema, str(go)])
+        # The driving process (tests/children/await_driver.py) starts "remote-1" and blocks
+        # until the go file exists.
+        driver = Child("await_driver", kind, where, schema, go)
         try:
             seen = []
 
@@ -74,8 +43,8 @@ async def _waits_for_other_process(
             state = await waiter
             await asyncio.wait_for(follower, 30)
         finally:
-            proc.wait(timeout=60)
-        assert proc.returncode == 0
+            code, _, err = driver.finish(timeout=60)
+        assert code == 0, err
         assert state.status is ExecutionStatus.COMPLETED
         assert state.output == {"n": 7, "said": "went"}
         assert seen[0] == "EXECUTION_STARTED" and seen[-1] == "EXECUTION_COMPLETED"

@@ -5,13 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import os
-import subprocess
-import sys
+import signal
 from pathlib import Path
 from typing import Any
-
-import httpx
 
 import loom
 from loom.model import ExecutionStatus
@@ -19,9 +15,8 @@ from loom.placement import ExecutionPackage, ExecutionResult, Health, LocalDispa
 from loom.placement.http import RemoteWorkerRuntime
 from loom.storage import ExecutionQuery, SQLiteStore
 from tests.support.children_app import FLOWS
-from tests.support.http_cluster import until
+from tests.support.proc import Child
 
-ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "children-worker-token-0123456789abcdef"
 
 
@@ -45,60 +40,27 @@ class RoundRobin:
         return await self.targets[0].health()
 
 
-async def _worker(tmp: Path, name: str, env: dict[str, str]) -> tuple[subprocess.Popen[bytes], str]:
+async def _worker(tmp: Path, name: str, env: dict[str, str]) -> tuple[Child, str]:
     port_file = tmp / f"{name}.port"
-    with open(tmp / f"{name}.log", "wb") as log:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "loom.cli._worker",
-                "serve",
-                "--app",
-                "tests.support.children_app:make_runtime",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                "0",
-                "--port-file",
-                str(port_file),
-                "--token-env",
-                "LOOM_TEST_WORKER_TOKEN",
-                "--log-level",
-                "warning",
-            ],
-            env=env,
-            cwd=ROOT,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-
-    async def ready() -> bool:
-        if proc.poll() is not None:
-            raise AssertionError((tmp / f"{name}.log").read_text()[-3000:])
-        if not port_file.exists():
-            return False
-        try:
-            async with httpx.AsyncClient() as client:
-                url = f"http://127.0.0.1:{int(port_file.read_text())}"
-                return (await client.get(url + "/healthz", timeout=2)).status_code == 200
-        except (httpx.HTTPError, ValueError):
-            return False
-
-    await until(ready, timeout=30, what=f"{name} to serve")
-    return proc, f"http://127.0.0.1:{int(port_file.read_text())}"
+    proc = Child(
+        "loom.cli._worker", "serve",
+        "--app", "tests.support.children_app:make_runtime",
+        "--host", "127.0.0.1", "--port", "0", "--port-file", port_file,
+        "--token-env", "LOOM_TEST_WORKER_TOKEN",
+        "--log-level", "warning",
+        env=env, log=tmp / f"{name}.log",
+    )  # fmt: skip
+    return proc, await proc.serving(port_file, timeout=30)
 
 
 async def test_children_dispatched_to_http_workers(tmp_path: Path) -> None:
     db = tmp_path / "loom.db"
     env = {
-        **os.environ,
-        "PYTHONPATH": str(ROOT),
         "LOOM_TEST_STORE": f"sqlite:{db}",
         "LOOM_TEST_WORKER_TOKEN": TOKEN,
     }
     SQLiteStore(db)  # create the schema before the workers open it
-    procs: list[subprocess.Popen[bytes]] = []
+    procs: list[Child] = []
     remotes: list[RemoteWorkerRuntime] = []
     try:
         urls = []
@@ -128,6 +90,6 @@ async def test_children_dispatched_to_http_workers(tmp_path: Path) -> None:
         for remote in remotes:
             await remote.close()
         for proc in procs:
-            proc.terminate()
+            proc.signal(signal.SIGTERM)
         for proc in procs:
-            await asyncio.to_thread(proc.wait, 30)
+            await asyncio.to_thread(proc.finish, timeout=30)

@@ -5,7 +5,9 @@ repository root, with the repository on PYTHONPATH and no fault armed unless the
   pass in a fresh process) and return the CompletedProcess with its captured output.
 * ``Child``: start it in the background; ``ready()`` waits (with a deadline) for its ready line,
   ``kill()`` SIGKILLs and reaps it, ``finish()`` waits for its end and collects its output. A
-  ``log`` path sends stdout and stderr there instead (a long-lived server's log).
+  ``log`` path sends stdout and stderr there instead (a long-lived server's log). A server
+  child: ``serving(port_file)`` (``serving_sync`` in synchronous tests) waits, with a deadline,
+  for the port (or URL) it writes and for its health path to answer 200; returns its URL.
 
 Modules named without a dot are entry points in tests/children (``run_child("crash", ...)``).
 """
@@ -23,6 +25,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import IO
+
+import httpx
+
+from tests.support.poll import until, until_sync
 
 __all__ = ["ROOT", "Child", "child_env", "module_args", "run_child"]
 
@@ -58,11 +64,13 @@ def run_child(
     timeout: float = 120,
     check: bool = False,
     capture: bool = True,
+    cwd: Path | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """Run ``python -m module args`` to its end; its output captured as text."""
+    """Run ``python -m module args`` to its end (from ``cwd``, the repository root unless
+    given); its output captured as text."""
     return subprocess.run(
         module_args(module, *args),
-        cwd=ROOT,
+        cwd=cwd or ROOT,
         env=child_env(env, drop=drop),
         capture_output=capture,
         text=True,
@@ -84,9 +92,10 @@ class Child:
         stdin: bool = False,
         log: Path | None = None,
         stderr: bool = True,
+        cwd: Path | None = None,
     ) -> None:
         """``stderr=False`` leaves stderr on the test's own (a long-lived child that may write
-        much of it and is never asked for it)."""
+        much of it and is never asked for it); ``cwd`` runs it elsewhere than the root."""
         self.args = module_args(module, *args)
         self.log = log
         self._log_file: IO[bytes] | None = open(log, "wb") if log is not None else None  # noqa: SIM115
@@ -96,7 +105,7 @@ class Child:
             err = None
         self.popen = subprocess.Popen(
             self.args,
-            cwd=ROOT,
+            cwd=cwd or ROOT,
             env=child_env(env, drop=drop),
             stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
             stdout=out,
@@ -145,6 +154,59 @@ class Child:
             self.seen.append(text)
             if text.startswith(line):
                 return text
+
+    def _url(self, where: Path | str) -> str | None:
+        """The URL the child serves on: ``where`` itself, or read from the port file ``where``
+        (a port number or a whole URL) once written. Fails at once if the child has ended."""
+        if not self.alive():
+            raise AssertionError(
+                f"{self.args[2]} ended ({self.popen.returncode}) before serving: {self._stderr()}"
+            )
+        if isinstance(where, str):
+            return where
+        try:
+            text = where.read_text().strip()
+        except OSError:
+            return None
+        if not text:
+            return None
+        return text if "://" in text else f"http://127.0.0.1:{int(text)}"
+
+    async def serving(
+        self, where: Path | str, *, health: str | None = "/healthz", timeout: float = 30
+    ) -> str:
+        """Wait until the child serves: its port file ``where`` is written (or ``where`` is
+        its URL) and, unless ``health`` is None, GET ``health`` answers 200. Returns the URL."""
+        url = await until(lambda: self._url(where), f"{self.args[2]}'s port", timeout=timeout)
+        if health is not None:
+            async with httpx.AsyncClient() as client:
+
+                async def answers() -> bool:
+                    self._url(url)
+                    try:
+                        return (await client.get(url + health, timeout=2)).status_code == 200
+                    except httpx.HTTPError:
+                        return False
+
+                await until(answers, f"{self.args[2]}'s {health}", timeout=timeout, every=0.05)
+        return url
+
+    def serving_sync(
+        self, where: Path | str, *, health: str | None = "/healthz", timeout: float = 30
+    ) -> str:
+        """``serving`` for synchronous tests."""
+        url = until_sync(lambda: self._url(where), f"{self.args[2]}'s port", timeout=timeout)
+        if health is not None:
+
+            def answers() -> bool:
+                self._url(url)
+                try:
+                    return httpx.get(url + health, timeout=2).status_code == 200
+                except httpx.HTTPError:
+                    return False
+
+            until_sync(answers, f"{self.args[2]}'s {health}", timeout=timeout)
+        return url
 
     def _pump(self) -> None:
         assert self.popen.stdout is not None and self._lines is not None
