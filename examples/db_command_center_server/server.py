@@ -42,6 +42,7 @@ def _view(state: ExecutionState) -> dict[str, Any]:
         "request": state.ui.get("request"),
         "ui": dict(state.ui),
         "output": state.output if state.status is ExecutionStatus.COMPLETED else None,
+        "cancel_reason": state.cancel_reason,
     }
 
 

@@ -1,6 +1,8 @@
 """The DB command center's web page in a real headless Chromium: a request typed into the
 page is planned and answered live (server-sent events); a write shows its row count and is
-approved with the page's button (the rows change), another is rejected (nothing changes)."""
+approved with the page's button (the rows change), another is rejected (nothing changes), a
+third is cancelled with the page's Cancel button while it waits (its execution is cancelled,
+nothing is written), and long SQL wraps inside its card instead of being cut off."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from tests.browser.conftest import ROOT, shot
@@ -64,6 +67,7 @@ def _ask(page: Any, text: str) -> Any:
 
 def test_ask_approve_and_reject_in_the_browser(web: tuple[str, Path, str], page: Any) -> None:
     url, db, _ = web
+    tmp = db.parent
     page.goto(url + "/")
     why = _ask(page, "Why did orders drop yesterday?")
     why.locator(".answer").wait_for()
@@ -75,7 +79,7 @@ def test_ask_approve_and_reject_in_the_browser(web: tuple[str, Path, str], page:
     archive.locator(".pending").wait_for()
     assert "This write changes 1460 row(s)." in archive.locator(".pending").text_content()
     assert _count(db, "SELECT COUNT(*) FROM orders WHERE status = 'archived'") == 0
-    shot(page, f"command-center-pending-{web[2]}")
+
     archive.locator("input[name=by]").fill("ops-lead")
     archive.locator("button[data-action=approve]").click()
     archive.locator(".answer").wait_for()
@@ -95,4 +99,34 @@ def test_ask_approve_and_reject_in_the_browser(web: tuple[str, Path, str], page:
     cleanup.locator(".answer").wait_for()
     assert "rejected by ops-lead" in cleanup.locator(".answer").text_content()
     assert _count(db, "SELECT COUNT(*) FROM orders WHERE status = 'cancelled'") == 88
+
+    regions = _ask(page, "Merge the east region into central")
+    regions.locator(".pending").wait_for()
+    assert "This write changes 10 row(s)." in regions.locator(".pending").text_content()
+    shot(page, f"command-center-pending-{web[2]}")
+    regions.locator("input[name=reason]").fill("asked by mistake")
+    regions.locator("button[data-action=cancel]").click()
+    regions.locator(".status.cancelled").wait_for()
+    assert regions.locator(".pending").count() == 0  # no buttons left on a cancelled request
+    assert "cancelled: asked by mistake" in regions.locator(".cancel-note").text_content()
+    assert _count(db, "SELECT COUNT(*) FROM customers WHERE region = 'east'") == 10
+    rid = regions.get_attribute("data-id")
+    with httpx.Client() as client:  # the execution itself is cancelled
+        view = client.get(f"{url}/api/requests/{rid}").json()
+        assert (view["status"], view["cancel_reason"]) == ("cancelled", "asked by mistake")
+        late = client.post(f"{url}/api/requests/{rid}/approve", json={"by": "ops-lead"})
+        assert late.status_code == 409  # nothing waits any more: a late approval is refused
+    assert _count(db, "SELECT COUNT(*) FROM customers WHERE region = 'east'") == 10
+    with sqlite3.connect(tmp / "effects.db") as conn:
+        assert conn.execute(
+            "SELECT name, COUNT(*) FROM effects WHERE execution_id = ? GROUP BY name ORDER BY name",
+            (rid,),
+        ).fetchall() == [("model:planner", 1), ("preview", 1)]
+
+    # Every SQL statement fits its card (wrapped, not cut off at the right edge).
+    cut = page.evaluate(
+        "[...document.querySelectorAll('pre')]"
+        ".filter((p) => p.scrollWidth > p.clientWidth + 1).map((p) => p.textContent)"
+    )
+    assert cut == []
     shot(page, f"command-center-done-{web[2]}")
