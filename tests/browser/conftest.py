@@ -10,19 +10,17 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import signal
 import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import pytest
 
 from tests.support import console_flows as cf
+from tests.support.proc import Child
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = os.environ.get("LOOM_CHROMIUM", "/usr/bin/chromium")
@@ -49,22 +47,7 @@ def _free_port() -> int:
 class Console:
     url: str
     db: Path
-    process: subprocess.Popen[str]
-
-
-def _wait_until_serving(
-    url: str, process: subprocess.Popen[str], log: Path, deadline: float
-) -> None:
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"the console exited: {log.read_text()}")
-        try:
-            if httpx.get(url + "/executions", timeout=1).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.05)  # polling a starting server, with a deadline
-    raise RuntimeError("the console did not start in time")
+    process: Child
 
 
 @pytest.fixture
@@ -74,37 +57,20 @@ def console(tmp_path: Path) -> Iterator[Console]:
     with ThreadPoolExecutor(1) as pool:
         pool.submit(asyncio.run, cf.populate(str(db))).result()
     port = _free_port()
-    log_path = tmp_path / "console.log"
-    log = log_path.open("w")
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    env.pop("LOOM_CONSOLE_TOKEN", None)
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "loom.cli",
-            "console",
-            "--db",
-            str(db),
-            "--app",
-            "tests.support.console_flows:FLOWS",
-            "--port",
-            str(port),
-        ],
-        cwd=tmp_path,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    url = f"http://127.0.0.1:{port}"
+    # From tmp_path: whatever the console writes beside it stays in the test's directory.
+    process = Child(
+        "loom.cli", "console",
+        "--db", db,
+        "--app", "tests.support.console_flows:FLOWS",
+        "--port", str(port),
+        env={}, drop=("LOOM_CONSOLE_TOKEN",), log=tmp_path / "console.log", cwd=tmp_path,
+    )  # fmt: skip
     try:
-        _wait_until_serving(url, process, log_path, time.monotonic() + 30)
+        url = process.serving_sync(f"http://127.0.0.1:{port}", health="/executions", timeout=30)
         yield Console(url, db, process)
     finally:
-        process.terminate()
-        process.wait(timeout=10)
-        log.close()
+        process.signal(signal.SIGTERM)
+        process.finish(timeout=10)
 
 
 @pytest.fixture(scope="session")

@@ -5,28 +5,21 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
 
 import loom
-from tests.browser.conftest import ROOT, Console, shot
+from tests.browser.conftest import Console, shot
+from tests.support.proc import run_child
 
 pytestmark = pytest.mark.browser
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "loom.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
+    return run_child("loom.cli", *args, timeout=60)
 
 
 async def _main_ref(db: str, execution_id: str) -> None:

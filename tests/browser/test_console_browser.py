@@ -3,27 +3,20 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from typing import Any
 
 import pytest
 
-from tests.browser.conftest import ROOT, Console, shot
+from tests.browser.conftest import Console, shot
 from tests.support.console_flows import HOSTILE
+from tests.support.proc import run_child
 
 pytestmark = pytest.mark.browser
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "loom.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
+    return run_child("loom.cli", *args, timeout=60)
 
 
 def test_find_a_suspended_execution_and_drag_the_slider(console: Console, page: Any) -> None:

@@ -6,11 +6,8 @@ nothing is written), and long SQL wraps inside its card instead of being cut off
 
 from __future__ import annotations
 
-import os
+import signal
 import sqlite3
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +15,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.browser.conftest import ROOT, shot
+from tests.browser.conftest import shot
+from tests.support.proc import Child
 
 pytestmark = pytest.mark.browser
 
@@ -27,29 +25,21 @@ pytestmark = pytest.mark.browser
 def web(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, Path, str]]:
     url_file = tmp_path / "url"
     env = {
-        **os.environ,
-        "PYTHONPATH": str(ROOT),
         "LOOM_EXAMPLE_LEDGER": str(tmp_path / "effects.db"),
         "LOOM_EXAMPLE_SAMPLE_DB": str(tmp_path / "shop.db"),
         "LOOM_EXAMPLE_STORE": f"sqlite:{tmp_path / 'loom.db'}",
     }
-    log = (tmp_path / "web.log").open("wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "examples.db_command_center_web", "--placement", request.param,
-         "--workdir", str(tmp_path), "--port-file", str(url_file)],
-        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+    proc = Child(
+        "examples.db_command_center_web", "--placement", request.param,
+        "--workdir", tmp_path, "--port-file", url_file,
+        env=env, log=tmp_path / "web.log",
     )  # fmt: skip
     try:
-        deadline = time.monotonic() + 60
-        while not (url_file.exists() and url_file.read_text()):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError((tmp_path / "web.log").read_text())
-            time.sleep(0.05)  # polling a starting server, with a deadline
-        yield url_file.read_text(), tmp_path / "shop.db", request.param
+        url = proc.serving_sync(url_file, health=None, timeout=60)
+        yield url, tmp_path / "shop.db", request.param
     finally:
-        proc.terminate()
-        proc.wait(timeout=20)
-        log.close()
+        proc.signal(signal.SIGTERM)
+        proc.finish(timeout=20)
 
 
 def _count(db: Path, sql: str) -> int:
