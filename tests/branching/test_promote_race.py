@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -16,30 +13,7 @@ from loom.errors import GateSupersededError
 from loom.model import ExecutionStatus
 from tests.branching.flows import guarded
 from tests.support.pg import require_pg, temp_schema
-
-ROOT = Path(__file__).resolve().parents[2]
-
-PROMOTER = """
-import asyncio, json, sys
-import loom
-from loom.errors import PromotionConflictError
-from loom.storage.postgres import PostgresStore
-
-async def main(dsn, schema, ref):
-    rt = loom.WorkflowRuntime(await PostgresStore.open(dsn, schema=schema), timers=False)
-    try:
-        print("ready", flush=True)
-        sys.stdin.readline()
-        try:
-            moved = await rt.promote(ref, "main", by=ref)
-            print(json.dumps({"won": moved.execution_id}), flush=True)
-        except PromotionConflictError as exc:
-            print(json.dumps({"lost": type(exc).__name__}), flush=True)
-    finally:
-        await rt.close()
-
-asyncio.run(main(*sys.argv[1:4]))
-"""
+from tests.support.proc import Child
 
 
 @pytest.mark.postgres
@@ -56,29 +30,20 @@ async def test_two_processes_promote_branches_of_one_gate_one_wins() -> None:
             for name in ("sim/a", "sim/b"):
                 await rt.fork("p", state.last_sequence, branch=name)
             procs = [
-                await asyncio.create_subprocess_exec(
-                    sys.executable,
-                    "-c",
-                    PROMOTER,
-                    dsn,
-                    schema,
-                    ref,
-                    stdin=asyncio.subprocess.PIPE,
-                    stdout=asyncio.subprocess.PIPE,
-                    cwd=ROOT,
-                    env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
-                )
+                Child("promoter", "runtime", dsn, schema, ref, stdin=True)
                 for ref in ("sim/a", "sim/b")
             ]
-            for p in procs:
-                assert p.stdout is not None
-                assert (await asyncio.wait_for(p.stdout.readline(), 30)).strip() == b"ready"
-            for p in procs:
-                assert p.stdin is not None
-                p.stdin.write(b"go\n")
-                await p.stdin.drain()
-            outs = [await asyncio.wait_for(p.communicate(), 60) for p in procs]
-            assert [p.returncode for p in procs] == [0, 0], outs
+            try:
+                for p in procs:
+                    await asyncio.to_thread(p.ready, "ready", timeout=30)
+                for p in procs:
+                    p.send("go")
+                ends = [await asyncio.to_thread(p.finish, timeout=60) for p in procs]
+            finally:
+                for p in procs:
+                    p.kill()
+            outs = [(out, err) for _, out, err in ends]
+            assert [code for code, _, _ in ends] == [0, 0], outs
             results = [json.loads(out.splitlines()[-1]) for out, _ in outs]
             won = [r["won"] for r in results if "won" in r]
             assert len(won) == 1 and {"lost": "PromotionConflictError"} in results, results

@@ -6,8 +6,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-import os
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -19,9 +17,9 @@ from loom.storage import InMemoryStore, SQLiteStore
 from loom.storage.tenancy import TenantScopedEventStore
 from loom.testing import run_branch_registry_conformance
 from tests.support.pg import require_pg, temp_schema
+from tests.support.proc import Child
 
 _n = itertools.count()
-ROOT = Path(__file__).resolve().parents[2]
 
 
 async def test_memory_store_passes_the_branch_kit() -> None:
@@ -104,28 +102,6 @@ async def test_tenant_view_passes_the_kit_and_tenants_never_see_each_other(physi
     assert "acme:main" in raw and "globex:main" in raw
 
 
-PROMOTER = """
-import asyncio, json, sys
-from loom.errors import PromotionConflictError
-from loom.storage.postgres import PostgresStore
-
-async def main(dsn, schema, branch, go):
-    store = await PostgresStore.open(dsn, schema=schema)
-    try:
-        print("ready", flush=True)
-        sys.stdin.readline()  # both processes promote once the test says go
-        try:
-            ref = await store.promote(branch, "main", by=branch)
-            print(json.dumps({"won": ref.execution_id}), flush=True)
-        except PromotionConflictError as exc:
-            print(json.dumps({"lost": type(exc).__name__, "ref": exc.ref}), flush=True)
-    finally:
-        await store.close()
-
-asyncio.run(main(*sys.argv[1:4], None))
-"""
-
-
 @pytest.mark.postgres
 async def test_two_processes_race_to_promote_exactly_one_wins() -> None:
     dsn = require_pg()
@@ -140,29 +116,20 @@ async def test_two_processes_race_to_promote_exactly_one_wins() -> None:
                     name, name.replace("/", "-"), 8, forked_from="parent", fork_sequence=5
                 )
             procs = [
-                await asyncio.create_subprocess_exec(
-                    sys.executable,
-                    "-c",
-                    PROMOTER,
-                    dsn,
-                    schema,
-                    branch,
-                    stdin=asyncio.subprocess.PIPE,
-                    stdout=asyncio.subprocess.PIPE,
-                    cwd=ROOT,
-                    env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
-                )
+                Child("promoter", "store", dsn, schema, branch, stdin=True)
                 for branch in ("sim/a", "sim/b")
             ]
-            for p in procs:
-                assert p.stdout is not None
-                assert (await asyncio.wait_for(p.stdout.readline(), 30)).strip() == b"ready"
-            for p in procs:
-                assert p.stdin is not None
-                p.stdin.write(b"go\n")
-                await p.stdin.drain()
-            outs = [await asyncio.wait_for(p.communicate(), 30) for p in procs]
-            assert [p.returncode for p in procs] == [0, 0], outs
+            try:
+                for p in procs:
+                    await asyncio.to_thread(p.ready, "ready", timeout=30)
+                for p in procs:
+                    p.send("go")
+                ends = [await asyncio.to_thread(p.finish, timeout=30) for p in procs]
+            finally:
+                for p in procs:
+                    p.kill()
+            outs = [(out, err) for _, out, err in ends]
+            assert [code for code, _, _ in ends] == [0, 0], outs
             results = [json.loads(out.splitlines()[-1]) for out, _ in outs]
             won = [r["won"] for r in results if "won" in r]
             lost = [r for r in results if "lost" in r]

@@ -18,6 +18,7 @@ from loom.console import ConsoleConfig, ConsolePage, create_app
 from loom.errors import ConfigurationError
 from loom.testing import replay_flow
 from tests.support import console_flows as cf
+from tests.support.poll import until
 
 BASE = "http://127.0.0.1"
 
@@ -273,8 +274,8 @@ async def test_live_events_resume_with_last_event_id(console: Console) -> None:
     )
     task = asyncio.create_task(server.serve())
     try:
-        while not server.started:
-            await asyncio.sleep(0.01)  # uvicorn has no started event; poll its flag
+        # uvicorn has no started event: poll its flag.
+        await until(lambda: server.started, "uvicorn to start", timeout=30, every=0.01)
         port = server.servers[0].sockets[0].getsockname()[1]
         url = f"http://127.0.0.1:{port}/api/executions/review-0/events"
         async with httpx.AsyncClient(timeout=30) as c:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -271,11 +270,19 @@ async def test_connection_killed_before_commit_fails_the_batch_and_recovers(
         assert "nothing was written" in str(results[0])
         for i in ids:
             assert await store.last_sequence(i) == -1
+
         # The same process goes on: the pool replaces its dead connections.
-        await _eventually(
-            lambda: asyncio.gather(
-                *(store.append([env(i, 0, f)]) for i, f in zip(ids, fences, strict=True))
-            )
+        async def appended() -> bool:
+            try:
+                await asyncio.gather(
+                    *(store.append([env(i, 0, f)]) for i, f in zip(ids, fences, strict=True))
+                )
+            except StorageError:
+                return False
+            return True
+
+        await until(
+            appended, "the appends to go through on fresh connections", timeout=20, every=0.05
         )
         for i in ids:
             assert await store.last_sequence(i) == 0
@@ -323,18 +330,6 @@ async def test_lost_commit_is_resolved_as_nothing_written(
     assert "nothing was written" in str(results[0])
     for i in ids:
         assert await store.last_sequence(i) == -1
-
-
-async def _eventually(action: Any, deadline: float = 20.0) -> Any:
-    """Retry ``action`` until it stops raising StorageError (polling with a deadline)."""
-    end = time.monotonic() + deadline
-    while True:
-        try:
-            return await action()
-        except StorageError:
-            if time.monotonic() > end:
-                raise
-        await asyncio.sleep(0.05)
 
 
 # ---------------------------------------------------------------- LISTEN / NOTIFY
