@@ -7,11 +7,11 @@ oracle: the planner is paid once either way, and only the approved write runs.""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import secrets
 import signal
 import subprocess
-import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -20,10 +20,11 @@ import httpx
 import psycopg
 import pytest
 
-from examples._support import LEDGER_ENV, ROOT, STORE_ENV, Ledger
+from examples._support import LEDGER_ENV, STORE_ENV, Ledger
 from examples.db_command_center.app import SAMPLE_DB_ENV
 from examples.db_command_center.story import REQUESTS
 from examples.db_command_center_server.story import run_client, settled
+from tests.support.proc import Child, run_child
 
 PG_DSN = os.environ.get("LOOM_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
 CRASH = "agents.after_model_recorded=kill@1"
@@ -43,36 +44,23 @@ def _pg_or_skip() -> str:
 @asynccontextmanager
 async def service(
     tmp_path: Path, *args: str, faults: str | None = None
-) -> AsyncIterator[tuple[subprocess.Popen[bytes], str]]:
+) -> AsyncIterator[tuple[Child, str]]:
     """The service process (``--serve``), its URL once it answers; SIGKILLed on exit."""
-    port_file = tmp_path / f"service-{secrets.token_hex(3)}.url"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    env.pop("LOOM_FAULTS", None)
-    if faults:
-        env["LOOM_FAULTS"] = faults
-    log = open(tmp_path / "service.log", "ab")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "examples.db_command_center_server", "--serve",
-         "--workdir", str(tmp_path), "--port-file", str(port_file), *args],
-        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+    name = f"service-{secrets.token_hex(3)}"
+    port_file = tmp_path / f"{name}.url"
+    proc = Child(
+        "examples.db_command_center_server", "--serve",
+        "--workdir", tmp_path, "--port-file", port_file, *args,
+        env={"LOOM_FAULTS": faults} if faults else None, log=tmp_path / f"{name}.log",
     )  # fmt: skip
     try:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 60
-        while not (port_file.exists() and port_file.read_text()):
-            if proc.poll() is not None or loop.time() > deadline:
-                raise AssertionError((tmp_path / "service.log").read_text()[-3000:])
-            await asyncio.sleep(0.05)
-        yield proc, port_file.read_text()
+        yield proc, await proc.serving(port_file, health=None, timeout=60)
     finally:
-        if proc.poll() is None:
-            proc.terminate()  # a clean stop: the service stops its worker processes
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=30)
-        log.close()
+        if proc.alive():
+            proc.signal(signal.SIGTERM)  # a clean stop: the service stops its worker processes
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                await asyncio.to_thread(proc.popen.wait, 20)
+        proc.kill()
 
 
 @pytest.fixture
@@ -130,12 +118,9 @@ async def test_service_in_process_on_sqlite(env: Path) -> None:
 
 
 def test_the_story_prints_what_ran(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LOOM_")}
-    env["PYTHONPATH"] = str(ROOT)
-    done = subprocess.run(
-        [sys.executable, "-m", "examples.db_command_center_server",
-         "--placement", "local", "--workdir", str(tmp_path)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+    done = run_child(
+        "examples.db_command_center_server", "--placement", "local", "--workdir", tmp_path,
+        drop=tuple(k for k in os.environ if k.startswith("LOOM_")), timeout=120,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     out = [" ".join(line.split()) for line in done.stdout.splitlines()]
@@ -150,7 +135,7 @@ async def test_service_killed_mid_request_continues_after_restart(env: Path) -> 
     async with crashing as (proc, url), httpx.AsyncClient() as client:
         sent = await client.post(f"{url}/api/requests", json={"text": REQUESTS["why"]})
         eid = sent.json()["id"]
-        code = await asyncio.to_thread(proc.wait, 60)
+        code = await asyncio.to_thread(proc.popen.wait, 60)
     assert code == -9  # the service itself, SIGKILLed right after the planner's answer
     async with service(env, "--placement", "local") as (_, url), httpx.AsyncClient() as client:
         view = await settled(client, url, eid)

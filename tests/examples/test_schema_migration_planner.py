@@ -7,8 +7,6 @@ analytic values."""
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -16,7 +14,6 @@ import pytest
 
 from examples._support import (
     LEDGER_ENV,
-    ROOT,
     STORE_ENV,
     Ledger,
     Placement,
@@ -32,6 +29,7 @@ from examples.schema_migration_planner.app import (
     make_runtime,
     simulate,
 )
+from tests.support.proc import run_child
 
 
 @pytest.fixture(params=["local", "http"])
@@ -118,11 +116,14 @@ def _analytic(per_kind: int = 12) -> dict[str, float]:
 
 
 def test_propensity_act_prints_the_catalogs_analytic_values(tmp_path: Path) -> None:
-    run = subprocess.run(
-        [sys.executable, "-m", "examples.schema_migration_planner", "--act", "propensity",
-         "--workdir", str(tmp_path)],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    run = run_child(
+        "examples.schema_migration_planner",
+        "--act",
+        "propensity",
+        "--workdir",
+        tmp_path,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stderr
     out = run.stdout
     found = re.search(
