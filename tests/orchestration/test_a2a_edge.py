@@ -5,12 +5,7 @@ nothing, answers GetTask after the restart and stays idempotent on the message i
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
-import signal
-import subprocess
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -29,8 +24,9 @@ import loom
 from loom.model import EventType
 from loom.storage import SQLiteStore
 from tests.support import orchestration as scenario
+from tests.support.poll import until
+from tests.support.proc import Child
 
-ROOT = Path(__file__).resolve().parents[2]
 DEADLINE = 30.0
 
 
@@ -39,7 +35,7 @@ class Server:
         self.tmp, self.agent = tmp, agent
         self.db, self.ledger, self.holds = tmp / "a2a.db", tmp / "fx.db", tmp / "holds"
         self.holds.mkdir(exist_ok=True)
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.proc: Child | None = None
         self.url = ""
         self.starts = 0
 
@@ -47,43 +43,21 @@ class Server:
         self.starts += 1
         port_file = self.tmp / f"port-{self.starts}"
         env = {
-            **os.environ,
-            "PYTHONPATH": str(ROOT),
             "LOOM_TEST_DB": str(self.db),
             "LOOM_TEST_LEDGER": str(self.ledger),
             "LOOM_TEST_HOLD_DIR": str(self.holds),
         }
-        log = open(self.tmp / f"server-{self.starts}.log", "wb")  # noqa: SIM115
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.children.a2a_server", "--port-file",
-             str(port_file), "--agent", self.agent],
-            env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+        self.proc = Child(
+            "a2a_server", "--port-file", port_file, "--agent", self.agent,
+            env=env, log=self.tmp / f"server-{self.starts}.log",
         )  # fmt: skip
-        log.close()
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + DEADLINE
-        async with httpx.AsyncClient() as client:
-            while True:
-                if self.proc.poll() is not None:
-                    text = (self.tmp / f"server-{self.starts}.log").read_text(errors="replace")
-                    raise AssertionError(f"the A2A server died:\n{text[-3000:]}")
-                if port_file.exists():
-                    self.url = f"http://127.0.0.1:{int(port_file.read_text())}"
-                    try:
-                        card = await client.get(self.url + "/.well-known/agent-card.json")
-                        if card.status_code == 200:
-                            return
-                    except httpx.HTTPError:
-                        pass
-                if loop.time() > deadline:
-                    raise AssertionError("the A2A server did not come up")
-                await asyncio.sleep(0.05)
+        self.url = await self.proc.serving(
+            port_file, health="/.well-known/agent-card.json", timeout=DEADLINE
+        )
 
     def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
         if self.proc is not None:
-            self.proc.wait(timeout=30)
+            self.proc.kill()
 
     def effects(self) -> list[str]:
         return [what for _, what, _ in scenario.effects(self.ledger)]
@@ -219,24 +193,28 @@ async def test_server_killed_mid_task_loses_nothing(tmp_path: Path) -> None:
         (first,) = await _send(client, _message(text="go", message_id="k-1"))
         await client.close()
         task_id = first.task.id
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + DEADLINE
-        while "hold" not in server.effects():  # the server is inside the held step
-            assert loop.time() < deadline, "the task never reached its held step"
-            await asyncio.sleep(0.02)
+        await until(
+            lambda: "hold" in server.effects(),
+            "the task to reach its held step",
+            timeout=DEADLINE,
+            every=0.02,
+        )
         server.kill()
         (server.holds / "release").touch()
         await server.start()  # continues the task it finds running
         client = await create_client(server.url, ClientConfig(streaming=False))
         try:
-            deadline = loop.time() + DEADLINE
-            while True:
+
+            async def completed() -> tuple[Any] | None:
                 task = await client.get_task(pb.GetTaskRequest(id=task_id))
                 if task.status.state == pb.TASK_STATE_COMPLETED:
-                    break
+                    return (task,)
                 assert task.status.state == pb.TASK_STATE_WORKING, task
-                assert loop.time() < deadline, "the task did not complete after the restart"
-                await asyncio.sleep(0.05)
+                return None
+
+            (task,) = await until(
+                completed, "the task to complete after the restart", timeout=DEADLINE, every=0.05
+            )
             assert task.artifacts[0].parts[0].text == "done: GO!"
             # The same message again: the same task, nothing new runs.
             (again,) = await _send(client, _message(text="go", message_id="k-1"))
