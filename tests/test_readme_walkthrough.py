@@ -13,6 +13,7 @@ from pathlib import Path
 from tests.support.cli import LOOM, as_json, ok
 from tests.support.cli import loom as loom_cli
 from tests.support.poll import until_sync
+from tests.support.proc import Child
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 
@@ -55,7 +56,7 @@ def test_the_readme_walkthrough_from_start_to_a_woken_sleep_and_an_approved_gate
 
     started = ok(loom_cli(*start[1:], cwd=tmp_path)).stdout
     assert "sleeping; wakes at 20" in started
-    node = subprocess.Popen([LOOM, *serve[1:]], cwd=tmp_path, stderr=subprocess.PIPE, text=True)
+    node = Child([LOOM, *serve[1:]], cwd=tmp_path)
     try:
         state = _wait_for(tmp_path, "mig-42", "ApprovalGranted", 60)
         assert state["status"] == "suspended"
@@ -65,9 +66,9 @@ def test_the_readme_walkthrough_from_start_to_a_woken_sleep_and_an_approved_gate
         assert "status completed" in done and "applied ALTER TABLE orders" in done
         assert "mig-42" in ok(loom_cli(*listing[1:], cwd=tmp_path)).stdout
     finally:
-        node.send_signal(signal.SIGTERM)
-        _, log = node.communicate(timeout=30)
-    assert node.returncode == 0, log
+        node.signal(signal.SIGTERM)
+        code, _, log = node.finish(timeout=30)
+    assert code == 0, log
     assert "serving flows migration-guard" in log and "execution mig-42: sleep woke" in log
 
     # The Python half: main.py imports the same flows module and starts once, attach-safe.

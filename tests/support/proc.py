@@ -81,11 +81,12 @@ def run_child(
 
 class Child:
     """``python -m module args`` running in the background (a context manager that SIGKILLs it
-    on exit if it still runs)."""
+    on exit if it still runs). ``module`` may instead be a whole command line (a list): the
+    installed ``loom`` script, run as a user runs it."""
 
     def __init__(
         self,
-        module: str,
+        module: str | list[str],
         *args: str | Path,
         env: Mapping[str, str] | None = None,
         drop: tuple[str, ...] = (),
@@ -96,7 +97,12 @@ class Child:
     ) -> None:
         """``stderr=False`` leaves stderr on the test's own (a long-lived child that may write
         much of it and is never asked for it); ``cwd`` runs it elsewhere than the root."""
-        self.args = module_args(module, *args)
+        if isinstance(module, list):
+            self.args = [*module, *map(str, args)]
+            self.name = " ".join(Path(a).name for a in self.args[:2])
+        else:
+            self.args = module_args(module, *args)
+            self.name = self.args[2]
         self.log = log
         self._log_file: IO[bytes] | None = open(log, "wb") if log is not None else None  # noqa: SIM115
         out: IO[bytes] | int = self._log_file if self._log_file is not None else subprocess.PIPE
@@ -142,12 +148,12 @@ class Child:
                 raw = self._lines.get(timeout=max(0.0, deadline - time.monotonic()))
             except queue.Empty:
                 raise AssertionError(
-                    f"{self.args[2]} printed no {line!r} within {timeout}s; saw {self.seen}"
+                    f"{self.name} printed no {line!r} within {timeout}s; saw {self.seen}"
                 ) from None
             if raw == b"":
                 code = self.popen.wait(timeout=30)
                 raise AssertionError(
-                    f"{self.args[2]} ended ({code}) before {line!r}; saw {self.seen}; "
+                    f"{self.name} ended ({code}) before {line!r}; saw {self.seen}; "
                     f"stderr: {self._stderr()}"
                 )
             text = raw.decode(errors="replace").rstrip("\n")
@@ -160,7 +166,7 @@ class Child:
         (a port number or a whole URL) once written. Fails at once if the child has ended."""
         if not self.alive():
             raise AssertionError(
-                f"{self.args[2]} ended ({self.popen.returncode}) before serving: {self._stderr()}"
+                f"{self.name} ended ({self.popen.returncode}) before serving: {self._stderr()}"
             )
         if isinstance(where, str):
             return where
@@ -177,7 +183,7 @@ class Child:
     ) -> str:
         """Wait until the child serves: its port file ``where`` is written (or ``where`` is
         its URL) and, unless ``health`` is None, GET ``health`` answers 200. Returns the URL."""
-        url = await until(lambda: self._url(where), f"{self.args[2]}'s port", timeout=timeout)
+        url = await until(lambda: self._url(where), f"{self.name}'s port", timeout=timeout)
         if health is not None:
             async with httpx.AsyncClient() as client:
 
@@ -188,14 +194,14 @@ class Child:
                     except httpx.HTTPError:
                         return False
 
-                await until(answers, f"{self.args[2]}'s {health}", timeout=timeout, every=0.05)
+                await until(answers, f"{self.name}'s {health}", timeout=timeout, every=0.05)
         return url
 
     def serving_sync(
         self, where: Path | str, *, health: str | None = "/healthz", timeout: float = 30
     ) -> str:
         """``serving`` for synchronous tests."""
-        url = until_sync(lambda: self._url(where), f"{self.args[2]}'s port", timeout=timeout)
+        url = until_sync(lambda: self._url(where), f"{self.name}'s port", timeout=timeout)
         if health is not None:
 
             def answers() -> bool:
@@ -205,7 +211,7 @@ class Child:
                 except httpx.HTTPError:
                     return False
 
-            until_sync(answers, f"{self.args[2]}'s {health}", timeout=timeout)
+            until_sync(answers, f"{self.name}'s {health}", timeout=timeout)
         return url
 
     def _pump(self) -> None:
@@ -248,7 +254,7 @@ class Child:
                 err = (raw_err or b"").decode(errors="replace") if self.log is None else self.tail()
         except subprocess.TimeoutExpired:
             self.kill()
-            raise AssertionError(f"{self.args[2]} did not end within {timeout}s") from None
+            raise AssertionError(f"{self.name} did not end within {timeout}s") from None
         self._close()
         return code, out, err
 
