@@ -15,14 +15,13 @@ import json
 import os
 import signal
 import sys
-import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import loom
 from loom.model import ExecutionState, OpStatus
 from loom.storage import SQLiteStore, Store
 from loom.storage.postgres import PostgresStore
+from tests.support.poll import until
 
 DIR = Path(".")
 RT: loom.WorkflowRuntime | None = None
@@ -42,14 +41,6 @@ def kill() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-async def until(check: Callable[[], Awaitable[bool]], what: str) -> None:
-    deadline = time.monotonic() + 30
-    while not await check():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"gave up waiting for {what}")
-        await asyncio.sleep(0.01)
-
-
 @loom.step(id="leaf-work")
 async def leaf_work(n: int) -> int:
     me = loom.current_step().execution_id
@@ -61,7 +52,7 @@ async def leaf_work(n: int) -> int:
         async def all_arrived() -> bool:
             return all((DIR / f"arrived-{i}").exists() for i in range(3))
 
-        await until(all_arrived, "all three children to arrive")
+        await until(all_arrived, "all three children to arrive", timeout=30)
         if n == 0:
             kill()
         await asyncio.sleep(60)
@@ -74,7 +65,7 @@ async def leaf_work(n: int) -> int:
             state = await rt.load_state(parent)
             return state is not None and _gate_resolved(state, f"{parent}.1")
 
-        await until(first_taken, "the parent to take the first child's outcome")
+        await until(first_taken, "the parent to take the first child's outcome", timeout=30)
         if n == 1:
             kill()
         await asyncio.sleep(60)
