@@ -26,15 +26,16 @@ async def wait_for(path: Path) -> None:
 async def healthy_completed() -> None:
     """Wait (with a deadline) until the healthy execution's completion is durable."""
     store = loom.SQLiteStore(os.environ["LOOM_POISON_DB"])
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + 30
+
+    async def completed() -> bool:
+        log = await store.read("healthy")
+        if log and log[-1].type is loom.EventType.EXECUTION_COMPLETED:
+            return True
+        await store.wait_for_append("healthy", log[-1].sequence if log else -1, timeout=1)
+        return False
+
     try:
-        while True:
-            log = await store.read("healthy")
-            if log and log[-1].type is loom.EventType.EXECUTION_COMPLETED:
-                return
-            assert loop.time() < deadline, "the healthy execution never completed"
-            await store.wait_for_append("healthy", log[-1].sequence if log else -1, timeout=1)
+        await until(completed, "the healthy execution to complete", timeout=30, every=0)
     finally:
         await store.close()
 
