@@ -1,8 +1,9 @@
 """The incident war room's agents, tools and simulated data sources.
 
-An alert (checkout errors and a drop in orders) goes to three investigator agents (logs,
-metrics, recent deploys), each with one tool over a simulated source with planted evidence;
-an incident commander agent turns their findings into a remediation plan (a
+An alert (checkout errors and a drop in orders) starts the commander's run (the durable flow
+``incident-command``), which fans out to three investigator agents (logs, metrics, recent
+deploys), each with one tool over a simulated source with planted evidence; the incident
+commander agent turns their findings into a remediation plan (a
 :class:`loom.orchestration.Plan`) whose steps are remediation agents. Each risky remediation
 (turn a feature flag off, roll back, scale out) is a tool behind an approval: quorum 2 (the
 on-call engineer and the incident lead), a 15-minute deadline; when it passes, the agent is
@@ -324,6 +325,22 @@ POSTMORTEM_AGENT = _agent(
 )
 
 INVESTIGATORS = [LOGS_AGENT, METRICS_AGENT, DEPLOYS_AGENT]
+COMMAND_FLOW = "incident-command"
+
+
+@loom.flow(id=COMMAND_FLOW)
+async def incident_command(ctx: loom.WorkflowContext, alert: dict[str, Any]) -> dict[str, Any]:
+    """The commander's run, a durable flow (its execution id is the incident's): fan out to
+    the three investigators at once (each a child execution, ``<incident>.<position>``), join
+    their findings and have the commander agent plan the remediation (one more child). A
+    crash anywhere in here continues from the log: finished investigators are found by id
+    and never asked again, and the plan is asked for once."""
+    tasks = await ctx.fan_out([(agent.id, {"alert": alert["alert"]}) for agent in INVESTIGATORS])
+    findings = [task["output"] for task in tasks]
+    command = await ctx.call(COMMANDER.id, {"alert": alert["alert"], "findings": findings})
+    return {"findings": findings, "plan": command["output"]}
+
+
 AGENTS = [
     *INVESTIGATORS,
     COMMANDER,
@@ -337,5 +354,5 @@ AGENTS = [
 def make_runtime() -> loom.WorkflowRuntime:
     """The runtime a worker process serves (store from ``LOOM_EXAMPLE_STORE``)."""
     runtime = loom.WorkflowRuntime(open_store(), clock=SkewClock())
-    runtime.register(*AGENTS)
+    runtime.register(*AGENTS, incident_command)
     return runtime

@@ -1,6 +1,7 @@
-"""The incident commander as its own process: recover the bus's tasks a dead predecessor left
-running (this process is their only driver), then investigate the alert and dispatch the plan.
-Every send carries a message id, so running it again for the same incident continues the
+"""The incident commander as its own process: recover the runs a dead predecessor left
+running (this process is their only driver: the commander's flow and its investigators),
+then run the commander for the incident (its durable fan-out and plan) and dispatch the plan.
+The run's id is the incident, so running it again for the same incident continues the
 incident instead of starting it over. Armed with ``LOOM_FAULTS`` it SIGKILLs itself there.
 
     python -m examples.incident_war_room.commander --incident inc-42
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 
 from examples._support import local_placement
 from examples.incident_war_room.app import make_runtime
@@ -17,6 +19,7 @@ from examples.incident_war_room.story import ALERT, investigate_and_plan, make_b
 
 
 async def run(incident: str) -> None:
+    print(f"pid {os.getpid()}", flush=True)
     async with local_placement(make_runtime()) as placement:
         bus = make_bus(placement)
         recovered = await bus.recover(is_abandoned=lambda state: True)

@@ -5,6 +5,7 @@ processes). Each act prints what happened and returns the facts the tests check.
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -12,8 +13,9 @@ from typing import Any
 from examples._support import Ledger, Placement, crash_and_continue, executed_lines
 from examples.incident_war_room.app import (
     AGENTS,
-    INVESTIGATORS,
+    COMMAND_FLOW,
     advance_clock,
+    incident_command,
 )
 from loom.orchestration import (
     GraphRun,
@@ -41,27 +43,39 @@ def make_bus(placement: Placement) -> InProcessA2ABus:
     bus = InProcessA2ABus(placement.runtime, dispatcher=placement.dispatcher)
     for agent in AGENTS:
         bus.register(agent)
+    bus.register(incident_command)
     return bus
+
+
+def incident_counts(incident: str) -> Counter[str]:
+    """The effects of one incident only: its commander run (execution id = the incident),
+    the investigators and the commander agent it started, its plan's steps and its
+    postmortem (all ``<incident>.…``)."""
+    return Counter(name for eid, name, _ in Ledger().rows() if of_incident(eid, incident))
+
+
+def of_incident(execution_id: str, incident: str) -> bool:
+    return execution_id == incident or execution_id.startswith(incident + ".")
 
 
 async def investigate_and_plan(
     bus: InProcessA2ABus, incident: str, alert: str, say: Print
 ) -> tuple[list[dict[str, Any]], Plan, GraphRun]:
-    """Fan out to the three investigators (in parallel, each a task), join their findings,
-    have the commander plan the remediation and dispatch the plan. Every send carries a
-    message id, so running this again for the same incident continues it, re-running nothing."""
-    tasks = await asyncio.gather(
-        *(bus.send(a.id, {"alert": alert}, message_id=f"{incident}:{a.id}") for a in INVESTIGATORS)
-    )
-    findings = [t.output["output"] for t in tasks]
+    """Start the commander's run for the incident (a durable flow that fans out to the three
+    investigators and has the commander agent plan), then dispatch its plan. The run's task
+    id is the incident and the plan's run id derives from it, so running this again for the
+    same incident continues it (or reads its outcome), re-running nothing."""
+    state = await bus.runtime.load_state(incident)
+    if state is None:
+        command = await bus.send(COMMAND_FLOW, {"alert": alert}, task_id=incident)
+    else:  # started before: its outcome (or, when it is still running, once it settles)
+        command = await bus.wait(incident, timeout=120)
+    if command.output is None:
+        raise RuntimeError(f"the commander's run {incident} ended {command.state}")
+    findings = list(command.output["findings"])
     for f in findings:
         say(f"  [{f['source']}] {f['summary']}")
-    command = await bus.send(
-        "incident-commander",
-        {"alert": alert, "findings": findings},
-        message_id=f"{incident}:commander",
-    )
-    plan = Plan.model_validate(command.output["output"])
+    plan = Plan.model_validate(command.output["plan"])
     say(f"  commander's plan: {plan.goal}: " + ", ".join(s.id for s in plan.steps))
     run = await dispatch_plan(plan, bus, run_id=f"{incident}.plan")
     for name, node in run.nodes.items():
@@ -149,17 +163,21 @@ async def act_incident(placement: Placement, workdir: Path, say: Print = print) 
     post = await bus.send(
         "postmortem-writer",
         {"alert": ALERT, "findings": findings, "remediation": outcomes},
-        message_id=f"{incident}:postmortem",
+        task_id=f"{incident}.postmortem",
     )
     report = str(post.output["output"])
     (workdir / f"postmortem-{incident}.md").write_text(report + "\n")
     say(f"  postmortem written to {workdir / f'postmortem-{incident}.md'}:")
     for line in report.splitlines():
         say("    | " + line)
-    counts = Ledger().counts()
-    for line in executed_lines(counts):
-        say(line)
-    facts["counts"] = dict(counts)
+    # This act's effects only (its two incidents), so "paid once" shows per incident.
+    facts["counts"] = {}
+    for name in (incident, "inc-batch"):
+        counts = incident_counts(name)
+        say(f"  {name}:")
+        for line in executed_lines(counts):
+            say("  " + line)
+        facts["counts"][name] = dict(counts)
     facts["postmortem"] = report
     return facts
 
@@ -195,10 +213,13 @@ async def act_crash(placement: Placement, workdir: Path, say: Print = print) -> 
 
 
 async def act_commander_crash(workdir: Path, say: Print = print) -> dict[str, Any]:
-    """The commander's own process is SIGKILLed right after the commander agent's plan is
-    recorded (the 7th model answer: three investigators answer twice each first); run again,
-    it recovers the task it left running and carries on: no investigator runs again and the
-    plan is not asked for twice. (Local placement: the commander hosts the bus.)"""
+    """The commander's process is SIGKILLed in the middle of its fan-out: right after the
+    5th investigator answer is recorded (three investigators answer twice each, at the same
+    time), so at least two have all their answers and one still needs its last. Run again,
+    it recovers the runs it left running (the commander's flow and the unfinished
+    investigator) and carries on: the finished investigators are not asked again, the new
+    process asks the model exactly the one answer missing, and the plan is asked for once.
+    (Local placement: the commander's process hosts its runtime and the bus.)"""
     import subprocess
     import sys
 
@@ -210,7 +231,7 @@ async def act_commander_crash(workdir: Path, say: Print = print) -> dict[str, An
     dead = await asyncio.to_thread(
         subprocess.run,
         args,
-        env=worker_env(LOOM_FAULTS="agents.after_model_recorded=kill@7"),
+        env=worker_env(LOOM_FAULTS="agents.after_model_recorded=kill@5"),
         cwd=ROOT,
         capture_output=True,
         timeout=120,
@@ -229,7 +250,26 @@ async def act_commander_crash(workdir: Path, say: Print = print) -> dict[str, An
         raise RuntimeError(f"the commander failed on its second run:\n{again.stderr}")
     for line in again.stdout.splitlines():
         say("  " + line)
-    counts = Ledger().counts()
+    counts = incident_counts(incident)
     for line in executed_lines(counts):
         say(line)
-    return {"exit_code": dead.returncode, "stdout": again.stdout, "counts": dict(counts)}
+    rows = [r for r in Ledger().rows() if of_incident(r[0], incident)]
+    redone = Counter(name for _, name, pid in rows if pid == again_pid(again.stdout))
+    say("  of which the new process: " + ", ".join(f"{n} x{c}" for n, c in sorted(redone.items())))
+    first = {pid for _, _, pid in rows if pid != again_pid(again.stdout)}
+    return {
+        "exit_code": dead.returncode,
+        "stdout": again.stdout,
+        "counts": dict(counts),
+        "rows": rows,
+        "second_pid": again_pid(again.stdout),
+        "first_pids": sorted(first),
+    }
+
+
+def again_pid(stdout: str) -> int:
+    """The pid the commander process prints on its first line (``pid N``)."""
+    for line in stdout.splitlines():
+        if line.startswith("pid "):
+            return int(line.split()[1])
+    raise ValueError(f"no pid line in {stdout!r}")
