@@ -953,7 +953,7 @@ class WorkflowRuntime:
             return await _cancel.fire_deadline(self, execution_id), None
         if position == CANCEL_GRACE_POSITION:
             return await _cancel.fire_cancel_grace(self, execution_id), None
-        for _ in range(_RETRIES):
+        for attempt in range(_RETRIES):
             state, snap_seq = await self._load(execution_id)
             if state is None or state.is_terminal:
                 return WakeOutcome.STALE, None
@@ -967,7 +967,13 @@ class WorkflowRuntime:
                 return WakeOutcome.EARLY, None
             flow = self.get_flow(state.flow_id, state.flow_version)
             fired = TimerFired(position, timed_out=gate.event_type != TIMER_EVENT)
-            handle = await self._continue_with(state, snap_seq, holder, fired, flow)
+            # The fence of the log's last event is nearly always the current one (the holder
+            # that suspended wrote it): trying it first saves a read per wake. The take-over
+            # is a compare-and-swap, so a wrong guess changes nothing and the retry reads it.
+            guess = state.fence if attempt == 0 and holder is None and state.fence > 0 else None
+            handle = await self._continue_with(
+                state, snap_seq, holder, fired, flow, from_fence=guess
+            )
             if handle is not None:
                 log.info(
                     "execution %s: %s at position %d",

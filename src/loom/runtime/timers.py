@@ -64,13 +64,17 @@ class TimerService:
         self.flow_ids = flow_ids
         #: consecutive EARLY answers for timers that were due by our clock, by (id, position)
         self._early: dict[tuple[str, int], int] = {}
-        self._limit = asyncio.Semaphore(concurrency)
+        #: how many wakes run at once (read by each run_due)
+        self.concurrency = concurrency
+        #: fired or stale timers whose deletion is not committed yet, and who commits it
+        self._done: list[Timer] = []
+        self._settler: asyncio.Task[None] | None = None
         self._kick = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.fired: list[Timer] = []  # what this service fired (for operators and tests)
 
-    async def _wake_one(self, timer: Timer) -> None:
-        async with self._limit:
+    async def _wake_one(self, timer: Timer, limit: asyncio.Semaphore) -> None:
+        async with limit:
             try:
                 outcome = await self.wake(timer)
             except Exception as exc:
@@ -96,30 +100,97 @@ class TimerService:
                     tries = self._early.get(key, 0)
                     self._early[key] = tries + 1
                     delay = min(self.early_retry * 2 ** min(tries, 32), self.max_early_backoff)
-                await self.store.schedule_timer(
-                    replace(timer, fire_at=max(timer.fire_at, now + delay))
-                )
+                try:
+                    await self.store.schedule_timer(
+                        replace(timer, fire_at=max(timer.fire_at, now + delay))
+                    )
+                except Exception as exc:
+                    log.warning(
+                        "handing back %s@%d failed; retried after the lease: %r",
+                        timer.execution_id,
+                        timer.position,
+                        exc,
+                    )
                 return
             self._early.pop(key, None)
             if outcome is WakeOutcome.FIRED:
                 self.fired.append(timer)
-            await self.store.complete_timer(timer)
+        self._settle(timer)
+
+    def _settle(self, timer: Timer) -> None:
+        """Queue a fired (or stale) timer's deletion. Deletions are grouped: one write
+        settles every timer whose wake ended while the previous one committed. A crash before
+        it commits loses nothing: the claim expires and the wake finds the wait ended."""
+        self._done.append(timer)
+        if self._settler is None or self._settler.done():
+            self._settler = asyncio.get_running_loop().create_task(self._settle_loop())
+
+    async def _settle_loop(self) -> None:
+        while self._done:
+            done, self._done = self._done, []
+            try:
+                await self.store.complete_timers(done)
+            except Exception as exc:
+                log.warning(
+                    "deleting %d fired timers failed; their claims expire and a later wake "
+                    "finds them stale: %r",
+                    len(done),
+                    exc,
+                )
+
+    async def _settled(self) -> None:
+        while self._settler is not None and not self._settler.done():
+            await asyncio.shield(self._settler)
 
     async def run_due(self) -> int:
-        """Fire every timer due now (in batches); return how many were claimed."""
+        """Fire every timer due now; return how many were claimed.
+
+        Claims come ``batch`` at a time (one statement each) and wakes run ``concurrency``
+        at once; the next batch is claimed as soon as fewer wakes than ``concurrency`` are
+        left waiting for a slot, so a slow wake at the end of a batch does not hold the rest
+        back. Returns once every claimed timer's wake ended and its deletion committed.
+        """
         total = 0
-        while True:
-            due = await self.store.claim_due_timers(
-                self.clock.now(),
-                owner=self.owner,
-                lease=self.lease,
-                limit=self.batch,
-                flow_ids=None if self.flow_ids is None else self.flow_ids(),
-            )
-            if not due:
-                return total
-            total += len(due)
-            await asyncio.gather(*(self._wake_one(t) for t in due))
+        running: set[asyncio.Task[None]] = set()
+        low_water = asyncio.Event()
+        limit = asyncio.Semaphore(self.concurrency)
+
+        def finished(task: asyncio.Task[None]) -> None:
+            running.discard(task)
+            if len(running) <= self.concurrency:
+                low_water.set()
+
+        try:
+            while True:
+                due = await self.store.claim_due_timers(
+                    self.clock.now(),
+                    owner=self.owner,
+                    lease=self.lease,
+                    limit=self.batch,
+                    flow_ids=None if self.flow_ids is None else self.flow_ids(),
+                )
+                if not due:
+                    break
+                total += len(due)
+                for timer in due:
+                    task = asyncio.ensure_future(self._wake_one(timer, limit))
+                    running.add(task)
+                    task.add_done_callback(finished)
+                # Claim more once the queue behind the running wakes is short: the next
+                # claim then overlaps the wakes still running.
+                if len(running) > self.concurrency:
+                    low_water.clear()
+                    await low_water.wait()
+            while running:
+                await asyncio.wait(list(running))
+        except BaseException:
+            for task in running:
+                task.cancel()
+            await asyncio.gather(*running, return_exceptions=True)
+            raise
+        finally:
+            await self._settled()
+        return total
 
     def kick(self) -> None:
         """Look for due timers now (a timer was just scheduled)."""

@@ -308,6 +308,13 @@ _TIMER_COMPLETE = (
     "RETURNING 1) SELECT count(*) FROM gone"
 )
 
+# Many fired timers in one statement (a timer service settles a batch of wakes at once).
+_TIMER_COMPLETE_MANY = (
+    "WITH gone AS (DELETE FROM {s}.timers t USING unnest(%s::text[], %s::bigint[]) "
+    "AS d(execution_id, position) WHERE t.execution_id = d.execution_id "
+    "AND t.position = d.position RETURNING 1) SELECT count(*) FROM gone"
+)
+
 _TIMER_CANCEL = (
     "WITH gone AS (DELETE FROM {s}.timers WHERE execution_id = %s RETURNING 1) "
     "SELECT count(*) FROM gone"
@@ -345,6 +352,7 @@ class Statements:
     timer_schedule: str
     timer_claim: str
     timer_complete: str
+    timer_complete_many: str
     timer_cancel: str
     timer_next: str
     summary: str
@@ -435,6 +443,7 @@ def statements(schema: str, *, notify: bool) -> Statements:
         timer_schedule=_TIMER_SCHEDULE.format(s=s),
         timer_claim=_TIMER_CLAIM.format(s=s),
         timer_complete=_TIMER_COMPLETE.format(s=s),
+        timer_complete_many=_TIMER_COMPLETE_MANY.format(s=s),
         timer_cancel=_TIMER_CANCEL.format(s=s),
         timer_next=f"SELECT min(fire_at) FROM {s}.timers WHERE starts_with(execution_id, %s)",
         summary=f"SELECT {SUMMARY_COLUMNS} FROM {s}.executions WHERE execution_id = %s",

@@ -178,6 +178,11 @@ class TimerStore(Protocol):
         """Delete a fired timer (only that position's row)."""
         ...
 
+    async def complete_timers(self, timers: Sequence[Timer]) -> None:
+        """Delete many fired timers in one write (each only at its position's row): a timer
+        service settles a batch of wakes with one commit, not one per timer."""
+        ...
+
     async def cancel_timers(self, execution_id: str) -> int:
         """Delete every pending timer of an execution; return how many."""
         ...

@@ -290,6 +290,11 @@ class InMemoryStore:
         with self._lock:
             self._timers.pop((timer.execution_id, timer.position), None)
 
+    async def complete_timers(self, timers: Sequence[Timer]) -> None:
+        with self._lock:
+            for timer in timers:
+                self._timers.pop((timer.execution_id, timer.position), None)
+
     async def cancel_timers(self, execution_id: str) -> int:
         with self._lock:
             keys = [k for k in self._timers if k[0] == execution_id]

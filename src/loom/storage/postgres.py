@@ -702,6 +702,15 @@ class PostgresStore(PostgresBranches):
             params = (timer.execution_id, timer.position)
             await self._write("timer", timer.execution_id, self._sql.timer_complete, params)
 
+    async def complete_timers(self, timers: Sequence[Timer]) -> None:
+        """See :meth:`loom.storage.TimerStore.complete_timers` (one statement, one commit)."""
+        kept = [t for t in timers if _storable_text(t.execution_id)]
+        if not kept:
+            return
+        params = ([t.execution_id for t in kept], [t.position for t in kept])
+        sql = self._sql.timer_complete_many
+        await self._write("timer", kept[0].execution_id, sql, params)
+
     async def cancel_timers(self, execution_id: str) -> int:
         """See :meth:`loom.storage.TimerStore.cancel_timers`."""
         if not _storable_text(execution_id):

@@ -1008,6 +1008,18 @@ class SQLiteStore(SQLiteBranches):
 
         await self._submit(apply, None)
 
+    async def complete_timers(self, timers: Sequence[Timer]) -> None:
+        rows = [(t.execution_id, t.position) for t in timers]
+        if not rows:
+            return
+
+        def apply(conn: sqlite3.Connection) -> None:
+            conn.executemany(
+                "DELETE FROM loom_timers WHERE execution_id = ? AND position = ?", rows
+            )
+
+        await self._submit(apply, None)
+
     async def cancel_timers(self, execution_id: str) -> int:
         def apply(conn: sqlite3.Connection) -> int:
             return conn.execute(

@@ -427,6 +427,11 @@ class TenantScopedEventStore:
         """Delete a fired timer of the tenant's execution."""
         await self._call(self._timer_store().complete_timer(self._scope_timer(timer)))
 
+    async def complete_timers(self, timers: Sequence[Timer]) -> None:
+        """Delete many fired timers of the tenant's executions in one write."""
+        scoped = [self._scope_timer(t) for t in timers]
+        await self._call(self._timer_store().complete_timers(scoped))
+
     async def cancel_timers(self, execution_id: str) -> int:
         """Delete the pending timers of the tenant's execution."""
         return await self._call(self._timer_store().cancel_timers(self._scope(execution_id)))

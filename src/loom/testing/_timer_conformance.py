@@ -67,6 +67,23 @@ async def check_complete_and_cancel(store: TimerStore) -> None:
 
 
 @_check
+async def check_complete_many_deletes_only_those_positions(store: TimerStore) -> None:
+    for i in range(30):
+        await store.schedule_timer(Timer(f"m{i:02d}", 1, 5.0))
+        await store.schedule_timer(Timer(f"m{i:02d}", 2, 5.0))
+    claimed = await store.claim_due_timers(10.0, owner="x", lease=60, limit=100)
+    fired = [t for t in claimed if t.position == 1]
+    assert len(fired) == 30, claimed
+    await store.complete_timers(fired)
+    await store.complete_timers(fired)  # settling twice is harmless
+    await store.complete_timers([])
+    left = await store.claim_due_timers(100.0, owner="y", lease=1, limit=100)
+    assert sorted((t.execution_id, t.position) for t in left) == [
+        (f"m{i:02d}", 2) for i in range(30)
+    ], left
+
+
+@_check
 async def check_schedule_is_idempotent_per_position(store: TimerStore) -> None:
     await store.schedule_timer(Timer("same", 1, 50.0))
     await store.schedule_timer(Timer("same", 1, 60.0))
