@@ -16,7 +16,6 @@ import os
 from examples._support import local_placement
 from examples.incident_war_room.app import make_runtime
 from examples.incident_war_room.story import ALERT, investigate_and_plan, make_bus
-from loom.model import ExecutionStatus
 
 
 async def run(incident: str) -> None:
@@ -26,12 +25,6 @@ async def run(incident: str) -> None:
         recovered = await bus.recover(is_abandoned=lambda state: True)
         if recovered:
             print(f"recovered {len(recovered)} task(s) left running: {', '.join(recovered)}")
-        state = await placement.runtime.load_state(incident)
-        if state is not None and state.status is ExecutionStatus.SUSPENDED:
-            # The commander's run waits on an investigator that may have ended without
-            # telling it (the dead process was between the one and the other): bus.recover
-            # takes only running tasks, runtime.recover also tells such a waiting parent.
-            await placement.runtime.recover(incident)
         await investigate_and_plan(bus, incident, ALERT, print)
 
 

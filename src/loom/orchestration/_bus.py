@@ -27,7 +27,7 @@ from loom.placement import (
     is_superseded_refusal,
 )
 from loom.placement.local import IDEMPOTENCY_KEY
-from loom.runtime import Flow, WorkflowRuntime
+from loom.runtime import Flow, WorkflowRuntime, _children
 from loom.runtime._mailbox import keyed_id, taken
 
 __all__ = ["InProcessA2ABus", "card_for"]
@@ -285,14 +285,27 @@ class InProcessA2ABus:
         (e.g. all of them, in a server that is their only driver and just restarted): each
         continues from its log through the dispatcher, completed steps not re-run (ADR 0004).
         Required predicate, no default: only the deployment knows which holders are dead.
+
+        A task suspended on a child execution that ended without telling it (the process
+        died between the child's outcome and its message, here or further down a chain of
+        child waits) is redispatched too, whatever the predicate says: nobody holds a
+        suspended task, and the continue delivers that outcome once, so the task goes on.
         Returns the task ids redispatched; their runs go on in the background."""
         flows = {card.flow_id: card.name for card in self._cards.values()}
         claimed: list[str] = []
         async for summary in self.runtime.executions():
-            if summary.flow_id not in flows or summary.status not in _LIVE:
+            status = summary.status
+            if summary.flow_id not in flows:
+                continue
+            if status not in _LIVE and status is not ExecutionStatus.SUSPENDED:
                 continue
             state = await self.runtime.load_state(summary.execution_id)
-            if state is None or state.status not in _LIVE or not is_abandoned(state):
+            if state is None:
+                continue
+            if state.status is ExecutionStatus.SUSPENDED:
+                if await _children.untold_wait(self.runtime, state) is None:
+                    continue  # waiting on a person, a timer or a child still running
+            elif state.status not in _LIVE or not is_abandoned(state):
                 continue
             package = ExecutionPackage(
                 execution_id=state.execution_id,

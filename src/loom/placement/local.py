@@ -163,8 +163,13 @@ class LocalWorkerRuntime:
         self, lease: WorkerLease, package: ExecutionPackage, state: ExecutionState | None
     ) -> ExecutionResult:
         state = _require(package, state)
+        if state.status is ExecutionStatus.SUSPENDED:
+            # A lost-response redispatch (nothing re-runs), or a parent whose child ended
+            # without telling it (the process between the two died): runtime.recover tells
+            # it now, once, and the parent goes on from its gate.
+            return await _settled(await self.runtime.recover(state.execution_id))
         if state.status not in _LIVE:
-            # Suspended or terminal: a lost-response redispatch. Report, re-run nothing.
+            # Terminal: a lost-response redispatch. Report, re-run nothing.
             return ExecutionResult.from_state(state)
         holder = lease.holder or await self.runtime.acquire_lease(state.execution_id)
         return await _settled(await self.runtime.recover(state.execution_id, holder=holder))

@@ -73,6 +73,8 @@ CHILD_STARTED = "loom.child_started"
 CHILD_KIND = "loom.child"
 #: A parent's wait for child ``c`` is the gate ``loom.child:c``.
 CHILD_GATE_PREFIX = "loom.child:"
+#: How far down a chain of child waits recovery looks for a child that ended untold.
+_MAX_DEPTH = 64
 #: Where a child's start record names its parent (the execution index reads it too).
 PARENT_KEY = "loom.parent_id"
 PARENT_POSITION_KEY = "loom.parent_position"
@@ -537,21 +539,39 @@ async def notify_parent(rt: WorkflowRuntime, state: ExecutionState) -> None:
         )
 
 
+async def untold_wait(
+    rt: WorkflowRuntime, state: ExecutionState
+) -> tuple[ExecutionState, ExecutionState] | None:
+    """Along the chain of child waits from ``state`` (a parent waiting on a child waiting on
+    its own child, ...), the first ``(parent, child)`` whose child ended without telling its
+    parent; None if none did."""
+    for _ in range(_MAX_DEPTH):
+        gate = state.waiting
+        if (
+            state.status is not ExecutionStatus.SUSPENDED
+            or gate is None
+            or not gate.event_type.startswith(CHILD_GATE_PREFIX)
+        ):
+            return None
+        child = await rt.load_state(gate.event_type[len(CHILD_GATE_PREFIX) :])
+        if child is None:
+            return None
+        if child.is_terminal:
+            return state, child
+        state = child
+    return None
+
+
 async def recheck_wait(rt: WorkflowRuntime, state: ExecutionState) -> bool:
     """A parent suspended on a child that ended without telling it (the child's process died
-    between its outcome and its message): tell it now. True if that resumed the parent."""
-    gate = state.waiting
-    if (
-        state.status is not ExecutionStatus.SUSPENDED
-        or gate is None
-        or not gate.event_type.startswith(CHILD_GATE_PREFIX)
-    ):
+    between its outcome and its message), here or further down its chain of child waits:
+    tell it now. True if that resumed one. Delivery is once per child (a keyed message a
+    gate takes once), so a second call, or a racing one, changes nothing."""
+    found = await untold_wait(rt, state)
+    if found is None:
         return False
-    child_id = gate.event_type[len(CHILD_GATE_PREFIX) :]
-    child = await rt.load_state(child_id)
-    if child is None or not child.is_terminal:
-        return False
-    await _report(rt, state.execution_id, child_id, outcome_payload(child))
+    parent, child = found
+    await _report(rt, parent.execution_id, child.execution_id, outcome_payload(child))
     return True
 
 
