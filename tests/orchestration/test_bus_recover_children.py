@@ -110,3 +110,49 @@ async def test_a_continue_redispatch_tells_a_parent_whose_child_ended_untold(
         again = await rt.load_state("lc")
         assert again is not None and _gate_takes(again, "lc.0") == 1
         assert again.last_sequence == final.last_sequence
+
+
+@loom.flow(id="ln-mid", version="1")
+async def ln_mid(ctx: loom.WorkflowContext, n: int) -> int:
+    result: int = await ctx.start_child(lc_child, n)
+    return result * 10
+
+
+@loom.flow(id="ln-top", version="1")
+async def ln_top(ctx: loom.WorkflowContext) -> int:
+    result: int = await ctx.start_child(ln_mid, 1)
+    return result + 1
+
+
+async def test_bus_recover_looks_down_a_chain_of_child_waits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The bus task waits on a child (not a bus agent) that waits on a grandchild that ended
+    untold: bus.recover claims the task, the grandchild's outcome reaches its parent, and the
+    task completes."""
+    from loom.orchestration import InProcessA2ABus
+
+    async def lost(rt: Any, state: Any) -> None:
+        return None
+
+    async with loom.WorkflowRuntime(store=SQLiteStore(tmp_path / "loom.db")) as rt:
+        rt.register(ln_mid, lc_child)
+        bus = InProcessA2ABus(rt)
+        bus.register(ln_top)
+        await rt.start(ln_top, execution_id="ln")
+        await rt.wait("ln.0.0", until="settled", timeout=30, missing_ok=True)
+        await rt.wait("ln.0", until="settled", timeout=30, missing_ok=True)
+        monkeypatch.setattr(_children, "notify_parent", lost)
+        await rt.resume("ln.0.0", "Go", 5)
+        assert (await rt.wait("ln.0.0", timeout=30)).output == 7
+        monkeypatch.undo()
+        for eid in ("ln", "ln.0"):
+            stuck = await rt.load_state(eid)
+            assert stuck is not None and stuck.status is ExecutionStatus.SUSPENDED
+
+        assert await bus.recover(is_abandoned=lambda state: False) == ["ln"]
+        assert (await bus.wait("ln", timeout=30)).state.value == "completed"
+        done = await rt.load_state("ln")
+        assert done is not None and done.output == 71
+        # Nothing left to tell: a second pass claims nothing.
+        assert await bus.recover(is_abandoned=lambda state: False) == []
