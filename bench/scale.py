@@ -1,16 +1,18 @@
 """How Loom's costs grow: log length, snapshots, suspended executions, worker processes.
 
     python -m bench.scale [--lengths 100,1000,10000] [--suspended 2000] [--procs 1,2,4]
+    python -m bench.scale --suspended 0 --procs ''    # the log-length table only
 
 Tables (printed) and plots (``bench/results/scale-*.png``, when matplotlib from the ``bench``
 extra is installed):
 
-* **load / recover vs log length**, SQLite, with snapshots (every 256 events, the default) and
-  without. *load* is ``runtime.load_state`` from a fresh store object. *recover* is a fresh
-  runtime's ``recover(id)`` until the flow's result is in hand (the log holds N
-  completed steps of a process that died before step N+1): loading, taking over, replaying
-  N steps from the log, running the new one and recording the flow's completion (two
-  commits).
+* **load / recover vs log length**, SQLite, with snapshots (every 256 events, the default) as
+  chained segments, with the whole-state snapshots of before (same build, the store's segments
+  hidden from the runtime), and without snapshots. *load* is ``runtime.load_state`` from a
+  fresh store object. *recover* is a fresh runtime's ``recover(id)`` until the flow's result
+  is in hand (the log holds N completed steps of a process that died before step N+1):
+  loading, taking over, replaying N steps from the log, running the new one and recording the
+  flow's completion (two commits).
 * **snapshot bytes** written while the N-step log was written, and their ratio to the log's
   own bytes (linear growth keeps the ratio flat).
 * **memory per suspended execution**: Python heap (tracemalloc) per execution after starting
@@ -80,10 +82,16 @@ async def three_flow(ctx: loom.WorkflowContext, n: int) -> int:
 
 
 class CountingStore:
-    """Counts the bytes of every snapshot written through it (a wrapper over a store)."""
+    """Counts the bytes of every snapshot written through it (a wrapper over a store).
 
-    def __init__(self, inner: Any) -> None:
+    ``segments=False`` hides the inner store's snapshot segments from the runtime, which then
+    writes the whole state every time: how snapshots worked before segments (the "before"
+    rows, measured on the same build).
+    """
+
+    def __init__(self, inner: Any, *, segments: bool = True) -> None:
         self.inner = inner
+        self.segments = segments
         self.snapshot_bytes = 0
         self.snapshots = 0
 
@@ -92,18 +100,31 @@ class CountingStore:
         self.snapshots += 1
         await self.inner.save_snapshot(snapshot)
 
+    async def _save_segment(self, segment: Any, base: int) -> bool:
+        kept = bool(await self.inner.save_snapshot_segment(segment, base))
+        if kept:
+            self.snapshot_bytes += len(encode_json(segment.state, limits=_BIG).encode())
+            self.snapshots += 1
+        return kept
+
     def __getattr__(self, name: str) -> Any:
+        if name == "save_snapshot_segment":
+            if not self.segments:
+                raise AttributeError(name)
+            return self._save_segment
         return getattr(self.inner, name)
 
 
 _BIG = loom.model.PayloadLimits(max_bytes=1 << 30, max_depth=900)
 
 
-async def _write_log(path: Path, n: int, snapshot_every: int) -> tuple[str, int, int]:
+async def _write_log(
+    path: Path, n: int, snapshot_every: int, segments: bool
+) -> tuple[str, int, int]:
     """Write an execution with ``n`` completed steps whose step n+1 never finishes; return
     (id, snapshot bytes, log bytes)."""
     _release.clear()
-    store = CountingStore(loom.SQLiteStore(path, synchronous="NORMAL"))
+    store = CountingStore(loom.SQLiteStore(path, synchronous="NORMAL"), segments=segments)
     runtime = loom.WorkflowRuntime(store, snapshot_every=snapshot_every, timers=False)  # type: ignore[arg-type]
     runtime.register(long_flow)
     handle = await runtime.start(long_flow, n)
@@ -131,9 +152,9 @@ async def _load_ms(path: Path, eid: str, reps: int = 5) -> float:
     return statistics.median(times)
 
 
-async def _recover_ms(path: Path, eid: str, snapshot_every: int) -> float:
-    store = loom.SQLiteStore(path)
-    runtime = loom.WorkflowRuntime(store, snapshot_every=snapshot_every, timers=False)
+async def _recover_ms(path: Path, eid: str, snapshot_every: int, segments: bool) -> float:
+    store = CountingStore(loom.SQLiteStore(path), segments=segments)
+    runtime = loom.WorkflowRuntime(store, snapshot_every=snapshot_every, timers=False)  # type: ignore[arg-type]
     runtime.register(long_flow)
     before = await store.last_sequence(eid)
     _release.set()
@@ -146,14 +167,23 @@ async def _recover_ms(path: Path, eid: str, snapshot_every: int) -> float:
     return elapsed
 
 
+#: (label, snapshot_every, segments): today's chained snapshots, the whole-state snapshots of
+#: before (same build, segments hidden), and none at all.
+MODES = (
+    ("segments", 256, True),
+    ("whole (before)", 256, False),
+    ("no snapshots", 10**9, True),
+)
+
+
 async def log_length(lengths: list[int], tmp: Path) -> list[dict[str, Any]]:
     rows = []
     for n in lengths:
-        for label, every in (("snapshots", 256), ("no snapshots", 10**9)):
-            path = tmp / f"len-{n}-{every}.db"
-            eid, snap_bytes, log_bytes = await _write_log(path, n, every)
+        for label, every, segments in MODES:
+            path = tmp / f"len-{n}-{every}-{segments}.db"
+            eid, snap_bytes, log_bytes = await _write_log(path, n, every, segments)
             load = await _load_ms(path, eid)
-            recover = await _recover_ms(path, eid, every)
+            recover = await _recover_ms(path, eid, every, segments)
             rows.append(
                 {
                     "steps": n,
@@ -165,7 +195,7 @@ async def log_length(lengths: list[int], tmp: Path) -> list[dict[str, Any]]:
                 }
             )
             print(
-                f"  {n:>6} steps {label:<13} load {load:8.2f} ms  recover {recover:8.2f} ms  "
+                f"  {n:>6} steps {label:<16} load {load:8.2f} ms  recover {recover:8.2f} ms  "
                 f"snapshots {snap_bytes:>11,} B ({snap_bytes / max(1, log_bytes):.1f}x log)",
                 flush=True,
             )
@@ -276,15 +306,19 @@ def plot(length_rows: list[dict[str, Any]], proc_rows: list[dict[str, Any]]) -> 
         return
     RESULTS.mkdir(exist_ok=True)
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
-    for mode in ("snapshots", "no snapshots"):
+    for mode in [m[0] for m in MODES]:
         rows = [r for r in length_rows if r["mode"] == mode]
         xs = [r["steps"] for r in rows]
         axes[0].plot(xs, [r["load_ms"] for r in rows], marker="o", label=mode)
         axes[1].plot(xs, [r["recover_ms"] for r in rows], marker="o", label=mode)
-    snap = [r for r in length_rows if r["mode"] == "snapshots"]
-    axes[2].plot(
-        [r["steps"] for r in snap], [r["snapshot_bytes"] for r in snap], marker="o", label="snap"
-    )
+    for mode in ("segments", "whole (before)"):
+        snap = [r for r in length_rows if r["mode"] == mode]
+        axes[2].plot(
+            [r["steps"] for r in snap],
+            [r["snapshot_bytes"] for r in snap],
+            marker="o",
+            label=f"snapshots, {mode}",
+        )
     axes[2].plot(
         [r["steps"] for r in snap], [r["log_bytes"] for r in snap], marker="o", label="log"
     )
@@ -312,7 +346,7 @@ async def sqlite_part(
 ) -> tuple[list[dict[str, Any]], dict[str, float]]:
     with tempfile.TemporaryDirectory() as tmp:
         length_rows = await log_length(lengths, Path(tmp))
-        mem = await memory_per_suspended(suspended, Path(tmp))
+        mem = await memory_per_suspended(suspended, Path(tmp)) if suspended else {}
     return length_rows, mem
 
 
@@ -322,12 +356,15 @@ def main(args: argparse.Namespace) -> None:
     print(f"load average {os.getloadavg()[0]:.1f}")
     print("Load and recovery against log length (SQLite, synchronous=FULL when timed):")
     length_rows, mem = asyncio.run(sqlite_part(lengths, args.suspended))
-    print(
-        f"\nMemory per suspended execution (Python heap, {mem['executions']:,} held by one "
-        f"runtime): {mem['bytes_per_execution'] / 1024:.1f} KiB"
-    )
-    print("\nThroughput against worker processes (PostgreSQL):")
-    proc_rows = throughput_by_processes(procs, args.seconds)
+    if mem:
+        print(
+            f"\nMemory per suspended execution (Python heap, {mem['executions']:,} held by one "
+            f"runtime): {mem['bytes_per_execution'] / 1024:.1f} KiB"
+        )
+    proc_rows: list[dict[str, Any]] = []
+    if procs:
+        print("\nThroughput against worker processes (PostgreSQL):")
+        proc_rows = throughput_by_processes(procs, args.seconds)
     print(f"load average {os.getloadavg()[0]:.1f}")
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "scale.json").write_text(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import enum
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -181,7 +182,11 @@ class ExecutionState:
         new.metadata = dict(self.metadata)
         return new
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, *, only_ops: Iterable[int] | None = None) -> dict[str, Any]:
+        """The state as JSON-ready dicts; ``only_ops`` limits ``ops`` to those positions (a
+        snapshot segment's part)."""
+        ops = self.ops
+        picked = ops.items() if only_ops is None else ((k, ops[k]) for k in only_ops)
         return {
             "execution_id": self.execution_id,
             "flow_id": self.flow_id,
@@ -191,7 +196,7 @@ class ExecutionState:
             "last_sequence": self.last_sequence,
             "started_at": self.started_at,
             "updated_at": self.updated_at,
-            "ops": {str(k): v.to_dict() for k, v in self.ops.items()},
+            "ops": {str(k): v.to_dict() for k, v in picked},
             "waiting": self.waiting.to_dict() if self.waiting else None,
             "ui": self.ui,
             "output": self.output,

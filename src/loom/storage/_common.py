@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 
 from loom.errors import (
     CorruptEventError,
@@ -40,7 +40,9 @@ __all__ = [
     "decode_envelope",
     "decode_snapshot",
     "ended",
+    "merge_segments",
     "refusal_for",
+    "segment_checksum",
     "snapshot_checksum",
     "take_over_refusal",
     "validate_snapshot",
@@ -278,6 +280,61 @@ def decode_snapshot(
             f"the snapshot of {execution_id!r} is not decodable", execution_id=execution_id
         ) from exc
     return Snapshot(execution_id, sequence, state)
+
+
+def segment_checksum(execution_id: str, sequence: int, base: int, state_json: str) -> str:
+    return checksum("snapshot-segment", execution_id, str(sequence), str(base), state_json)
+
+
+def merge_segments(whole: Snapshot, segments: Iterable[tuple[int, int, str, str]]) -> Snapshot:
+    """``whole`` with the stored segments ``(sequence, base, state_json, checksum)`` laid on
+    top, in sequence order, as far as they link (each one's base is the sequence before it).
+
+    A segment that does not link (left by a chain a full snapshot replaced) ends the chain:
+    what is merged so far is still a true snapshot at its own sequence. A segment failing its
+    checksum or malformed raises CorruptEventError, so the caller folds the log instead.
+    """
+    eid = whole.execution_id
+    state = whole.state
+    sequence = whole.sequence
+    copied = False
+    for seg_seq, base, state_json, stored in segments:
+        if not isinstance(seg_seq, int) or seg_seq <= sequence:
+            continue
+        if base != sequence:
+            break
+        if not (isinstance(state_json, str) and isinstance(stored, str)) or (
+            segment_checksum(eid, seg_seq, base, state_json) != stored
+        ):
+            raise CorruptEventError(
+                f"the snapshot segment of {eid!r} at sequence {seg_seq} failed its checksum",
+                execution_id=eid,
+                sequence=seg_seq,
+            )
+        try:
+            part = decode_json(state_json, limits=SNAPSHOT_LIMITS)
+        except PayloadError as exc:
+            raise CorruptEventError(
+                f"the snapshot segment of {eid!r} at sequence {seg_seq} is not decodable",
+                execution_id=eid,
+            ) from exc
+        ops = part.get("ops", {}) if isinstance(part, dict) else None
+        if not isinstance(ops, dict) or not isinstance(state.get("ops"), dict):
+            raise CorruptEventError(
+                f"the snapshot segment of {eid!r} at sequence {seg_seq} is malformed",
+                execution_id=eid,
+                sequence=seg_seq,
+            )
+        if not copied:  # the whole row's dict may be a cached decode: never change it
+            state = dict(state)
+            state["ops"] = dict(state["ops"])
+            copied = True
+        merged_ops = state["ops"]
+        state.update(part)
+        merged_ops.update(ops)
+        state["ops"] = merged_ops
+        sequence = seg_seq
+    return Snapshot(eid, sequence, state)
 
 
 def check_snapshot(snapshot: Snapshot) -> None:

@@ -255,6 +255,7 @@ class PostgresWriter:
             req.result = int(row[0])
             return False
         if req.kind in ("snapshot", "blob"):
+            req.result = row is not None  # a snapshot's row says it was kept
             return False
         if req.kind in ("timer", "mailbox"):  # each of these statements returns one count
             assert row is not None

@@ -144,6 +144,12 @@ MIGRATIONS: dict[int, tuple[Step, ...]] = {
         " updated_at double precision NOT NULL, updated_by text, promoted_from text,"
         " reason text)",
     ),
+    # Snapshot segments (see loom.storage.SnapshotSegments), on top of snapshots' whole state.
+    9: (
+        'CREATE TABLE {s}.snapshot_segments (execution_id text COLLATE "C" NOT NULL,'
+        " sequence bigint NOT NULL, base bigint NOT NULL, state text NOT NULL,"
+        " checksum text NOT NULL, PRIMARY KEY (execution_id, sequence))",
+    ),
 }
 
 # One statement per append or take-over. The INSERT reads from the head write's RETURNING, so a
@@ -257,11 +263,27 @@ _FENCE = (
     "ON CONFLICT (execution_id) DO UPDATE SET fence = h.fence + 1 RETURNING h.fence"
 )
 
+# A whole snapshot replaces the chain: the segments it covers go in the same statement.
 _SNAPSHOT = (
-    "INSERT INTO {s}.snapshots AS t (execution_id, sequence, state, checksum) "
-    "VALUES (%s, %s, %s, %s) ON CONFLICT (execution_id) DO UPDATE SET "
+    "WITH up AS (INSERT INTO {s}.snapshots AS t (execution_id, sequence, state, checksum) "
+    "VALUES (%(eid)s, %(seq)s, %(state)s, %(sum)s) ON CONFLICT (execution_id) DO UPDATE SET "
     "sequence = excluded.sequence, state = excluded.state, checksum = excluded.checksum "
-    "WHERE excluded.sequence > t.sequence RETURNING 1"
+    "WHERE excluded.sequence > t.sequence AND NOT EXISTS (SELECT 1 FROM "
+    "{s}.snapshot_segments g WHERE g.execution_id = excluded.execution_id "
+    "AND g.sequence >= excluded.sequence) RETURNING 1), "
+    "gone AS (DELETE FROM {s}.snapshot_segments WHERE execution_id = %(eid)s "
+    "AND sequence <= %(seq)s AND EXISTS (SELECT 1 FROM up)) "
+    "SELECT 1 FROM up"
+)
+
+# A segment is kept only on top of the newest stored snapshot (whole or segment) at its base.
+_SNAPSHOT_SEGMENT = (
+    "INSERT INTO {s}.snapshot_segments (execution_id, sequence, base, state, checksum) "
+    "SELECT %(eid)s, %(seq)s, %(base)s, %(state)s, %(sum)s WHERE %(base)s < %(seq)s AND "
+    "%(base)s = GREATEST((SELECT sequence FROM {s}.snapshots WHERE execution_id = %(eid)s), "
+    "(SELECT max(sequence) FROM {s}.snapshot_segments WHERE execution_id = %(eid)s)) "
+    "AND EXISTS (SELECT 1 FROM {s}.snapshots WHERE execution_id = %(eid)s) "
+    "ON CONFLICT DO NOTHING RETURNING 1"
 )
 
 _HEAD = "SELECT fence, next_sequence FROM {s}.heads WHERE execution_id = %s"
@@ -337,6 +359,7 @@ class Statements:
     event_writes: Mapping[tuple[EventWriteKind, bool, IndexWrite, bool], str]
     fence: str
     snapshot: str
+    snapshot_segment: str
     blob_put: str
     blob_get: str
     head: str
@@ -411,6 +434,7 @@ def statements(schema: str, *, notify: bool) -> Statements:
         event_writes=MappingProxyType(writes),
         fence=_FENCE.format(s=s),
         snapshot=_SNAPSHOT.format(s=s),
+        snapshot_segment=_SNAPSHOT_SEGMENT.format(s=s),
         blob_put=(
             f"INSERT INTO {s}.blobs (namespace, hash, data) SELECT %s, r.h, r.d "
             "FROM unnest(%s::text[], %s::bytea[]) AS r(h, d) "
@@ -429,8 +453,12 @@ def statements(schema: str, *, notify: bool) -> Statements:
         probe_lock=f"SELECT 1 FROM {s}.heads WHERE execution_id = %s FOR SHARE",
         last=f"SELECT next_sequence FROM {s}.heads WHERE execution_id = %s",
         current_fence=f"SELECT fence FROM {s}.heads WHERE execution_id = %s",
+        # The whole row first (kind 0), then its segments in order: one query.
         snapshot_load=(
-            f"SELECT sequence, state, checksum FROM {s}.snapshots WHERE execution_id = %s"
+            f"SELECT 0 AS k, sequence, -1, state, checksum FROM {s}.snapshots "
+            "WHERE execution_id = %(eid)s UNION ALL "
+            f"SELECT 1, sequence, base, state, checksum FROM {s}.snapshot_segments "
+            "WHERE execution_id = %(eid)s ORDER BY 1, 2"
         ),
         ids_first=(
             f"SELECT execution_id FROM {s}.heads WHERE next_sequence > 0 "

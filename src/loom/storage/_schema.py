@@ -19,10 +19,12 @@ bump here; a rung that does not apply to one dialect is an empty tuple there.
 6. liveness leases (``leases``: who drives an execution, under which fence, until when).
 7. the mailbox (``mailbox``: messages sent to an execution before its gate takes them).
 8. branch refs (``refs``: named (execution, sequence) points, moved by compare-and-swap).
+9. snapshot segments (``snapshot_segments``: what changed since the snapshot below, chained by
+   ``base``; ``snapshots`` keeps the whole one they lay on, so old rows still load as they are).
 """
 
 from __future__ import annotations
 
 __all__ = ["SCHEMA_VERSION"]
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9

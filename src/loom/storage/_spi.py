@@ -16,6 +16,7 @@ __all__ = [
     "MailboxStore",
     "Message",
     "Snapshot",
+    "SnapshotSegments",
     "SnapshotStore",
     "Store",
     "Timer",
@@ -129,6 +130,25 @@ class SnapshotStore(Protocol):
 
     async def load_snapshot(self, execution_id: str) -> Snapshot | None:
         """The newest snapshot, or None. Raises ``CorruptEventError`` if it fails its checksum."""
+        ...
+
+
+@runtime_checkable
+class SnapshotSegments(Protocol):
+    """A snapshot store that also keeps snapshots as a chain of segments, so that writing one
+    costs what changed since the last, not the whole state (optional: a store without this
+    gets whole snapshots). ``save_snapshot`` replaces the chain with one whole snapshot;
+    ``load_snapshot`` returns the whole stored state with every linked segment merged in."""
+
+    async def save_snapshot_segment(self, segment: Snapshot, base: int) -> bool:
+        """Keep ``segment`` on top of the newest stored snapshot if that is at ``base``
+        (``base < segment.sequence``) and return True; otherwise write nothing and return
+        False (the caller then writes a whole snapshot).
+
+        ``segment.state`` holds the top-level keys of the state that changed since ``base``,
+        its ``ops`` only the op records added or changed; merging is ``dict.update`` of the
+        top level and of ``ops``. A segment cannot remove an op: write a whole snapshot.
+        """
         ...
 
 

@@ -101,6 +101,14 @@ _V8: tuple[Step, ...] = (
     " promoted_from TEXT, reason TEXT) WITHOUT ROWID",
 )
 
+# Snapshot segments (see loom.storage.SnapshotSegments): the rows on top of loom_snapshots' whole
+# state, each holding what changed since ``base``; a whole snapshot deletes those it covers.
+_V9: tuple[Step, ...] = (
+    "CREATE TABLE loom_snapshot_segments (execution_id TEXT NOT NULL,"
+    " sequence INTEGER NOT NULL, base INTEGER NOT NULL, state TEXT NOT NULL,"
+    " checksum TEXT NOT NULL, PRIMARY KEY (execution_id, sequence)) WITHOUT ROWID",
+)
+
 #: Steps that take a database from version N-1 to N.
 MIGRATIONS: dict[int, tuple[Step, ...]] = {
     1: _V1,
@@ -111,6 +119,7 @@ MIGRATIONS: dict[int, tuple[Step, ...]] = {
     6: _V6,
     7: _V7,
     8: _V8,
+    9: _V9,
 }
 
 

@@ -41,7 +41,9 @@ from loom.storage._common import (
     check_snapshot,
     check_take_over,
     ended,
+    merge_segments,
     refusal_for,
+    segment_checksum,
     take_over_refusal,
 )
 from loom.storage._index import FEED_KEY, encode_page_cursor, matches
@@ -70,6 +72,8 @@ class InMemoryStore:
         self._heads: dict[str, _Head] = {}
         self._envelope_ids: set[str] = set()
         self._snapshots: dict[str, tuple[int, str]] = {}
+        #: Segments on top of the whole snapshot: (sequence, base, state JSON, checksum).
+        self._segments: dict[str, list[tuple[int, int, str, str]]] = {}
         #: execution id -> (holder, fence, expires_at)
         self._leases: dict[str, tuple[str, int, float]] = {}
         self._waiters = Waiters()
@@ -241,19 +245,40 @@ class InMemoryStore:
         check_snapshot(snapshot)
         with self._lock:
             old = self._snapshots.get(snapshot.execution_id)
-            if old is None or old[0] < snapshot.sequence:
+            segments = self._segments.get(snapshot.execution_id)
+            head = max([old[0]] + [s[0] for s in segments or ()]) if old is not None else -1
+            if head < snapshot.sequence:
                 # Stored as JSON text like every other store, so nothing aliases caller state.
                 self._snapshots[snapshot.execution_id] = (
                     snapshot.sequence,
                     encode_json(snapshot.state, limits=SNAPSHOT_LIMITS, what="snapshot"),
                 )
+                if segments:
+                    segments.clear()  # all below it: the whole state replaces the chain
+
+    async def save_snapshot_segment(self, segment: Snapshot, base: int) -> bool:
+        """See :meth:`loom.storage.SnapshotSegments.save_snapshot_segment`."""
+        self._check_open()
+        check_snapshot(segment)
+        eid, seq = segment.execution_id, segment.sequence
+        state_json = encode_json(segment.state, limits=SNAPSHOT_LIMITS, what="snapshot")
+        with self._lock:
+            whole = self._snapshots.get(eid)
+            segments = self._segments.setdefault(eid, [])
+            head = max([whole[0]] + [s[0] for s in segments]) if whole is not None else None
+            if head != base or not base < seq:
+                return False
+            segments.append((seq, base, state_json, segment_checksum(eid, seq, base, state_json)))
+            return True
 
     async def load_snapshot(self, execution_id: str) -> Snapshot | None:
         with self._lock:
             stored = self._snapshots.get(execution_id)
+            segments = list(self._segments.get(execution_id, ()))
         if stored is None:
             return None
-        return Snapshot(execution_id, stored[0], decode_json(stored[1], limits=SNAPSHOT_LIMITS))
+        whole = Snapshot(execution_id, stored[0], decode_json(stored[1], limits=SNAPSHOT_LIMITS))
+        return merge_segments(whole, segments) if segments else whole
 
     async def schedule_timer(self, timer: Timer) -> None:
         self._check_open()

@@ -57,6 +57,8 @@ from loom.storage._common import (
     check_take_over,
     decode_envelope,
     decode_snapshot,
+    merge_segments,
+    segment_checksum,
     snapshot_checksum,
 )
 from loom.storage._index import (
@@ -295,7 +297,9 @@ class PostgresStore(PostgresBranches):
 
     # ---------------------------------------------------------------- reads
 
-    async def _fetch(self, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+    async def _fetch(
+        self, sql: str, params: Sequence[Any] | Mapping[str, Any]
+    ) -> list[tuple[Any, ...]]:
         pool = await self._ensure_open()
         for attempt in (1, 2):
             try:
@@ -600,24 +604,45 @@ class PostgresStore(PostgresBranches):
         _storable(state_json, "snapshot")
         checksum = snapshot_checksum(snapshot.execution_id, snapshot.sequence, state_json)
         faults.hit("before_snapshot")
-        req = PostgresWrite(
-            kind="snapshot",
-            execution_id=snapshot.execution_id,
-            sql=self._sql.snapshot,
-            params=(snapshot.execution_id, snapshot.sequence, state_json, checksum),
-            future=asyncio.get_running_loop().create_future(),
-        )
-        await self._submit(req)
+        params = {
+            "eid": snapshot.execution_id,
+            "seq": snapshot.sequence,
+            "state": state_json,
+            "sum": checksum,
+        }
+        await self._write("snapshot", snapshot.execution_id, self._sql.snapshot, params)
+
+    async def save_snapshot_segment(self, segment: Snapshot, base: int) -> bool:
+        """See :meth:`loom.storage.SnapshotSegments.save_snapshot_segment`."""
+        self._writable()
+        check_snapshot(segment)
+        eid, seq = segment.execution_id, segment.sequence
+        _storable(eid, "execution id")
+        state_json = encode_json(segment.state, limits=SNAPSHOT_LIMITS, what="snapshot")
+        _storable(state_json, "snapshot")
+        faults.hit("before_snapshot")
+        params = {
+            "eid": eid,
+            "seq": seq,
+            "base": base,
+            "state": state_json,
+            "sum": segment_checksum(eid, seq, base, state_json),
+        }
+        kept = await self._write("snapshot", eid, self._sql.snapshot_segment, params)
+        return bool(kept)
 
     async def load_snapshot(self, execution_id: str) -> Snapshot | None:
         """See :meth:`loom.storage.SnapshotStore.load_snapshot`."""
         if "\x00" in execution_id:
             return None
-        rows = await self._fetch(self._sql.snapshot_load, (execution_id,))
-        if not rows:
+        rows = await self._fetch(self._sql.snapshot_load, {"eid": execution_id})
+        if not rows or rows[0][0] != 0:
             return None
-        sequence, state, checksum = rows[0]
-        return decode_snapshot(execution_id, sequence, state, checksum)
+        _, sequence, _, state, checksum = rows[0]
+        whole = decode_snapshot(execution_id, sequence, state, checksum)
+        if len(rows) == 1:
+            return whole
+        return merge_segments(whole, [(r[1], r[2], r[3], r[4]) for r in rows[1:]])
 
     # ---------------------------------------------------------------- BlobStore
 

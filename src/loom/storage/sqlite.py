@@ -67,7 +67,9 @@ from loom.storage._common import (
     decode_envelope,
     decode_snapshot,
     ended,
+    merge_segments,
     refusal_for,
+    segment_checksum,
     snapshot_checksum,
     take_over_refusal,
 )
@@ -872,34 +874,67 @@ class SQLiteStore(SQLiteBranches):
     async def save_snapshot(self, snapshot: Snapshot) -> None:
         check_snapshot(snapshot)  # before the writer: a bad key must never stop it
         state_json = encode_json(snapshot.state, limits=SNAPSHOT_LIMITS, what="snapshot")
-        row = (
-            snapshot.execution_id,
-            snapshot.sequence,
-            state_json,
-            snapshot_checksum(snapshot.execution_id, snapshot.sequence, state_json),
-        )
+        eid, seq = snapshot.execution_id, snapshot.sequence
+        row = (eid, seq, state_json, snapshot_checksum(eid, seq, state_json))
 
         def apply(conn: sqlite3.Connection) -> None:
-            conn.execute(
+            cur = conn.execute(
                 "INSERT INTO loom_snapshots (execution_id, sequence, state, checksum) "
                 "VALUES (?, ?, ?, ?) ON CONFLICT (execution_id) DO UPDATE SET "
                 "sequence = excluded.sequence, state = excluded.state, "
-                "checksum = excluded.checksum WHERE excluded.sequence > loom_snapshots.sequence",
+                "checksum = excluded.checksum WHERE excluded.sequence > loom_snapshots.sequence "
+                "AND NOT EXISTS (SELECT 1 FROM loom_snapshot_segments g WHERE "
+                "g.execution_id = excluded.execution_id AND g.sequence >= excluded.sequence)",
                 row,
             )
+            if cur.rowcount:  # the whole state replaces the chain it covers
+                conn.execute(
+                    "DELETE FROM loom_snapshot_segments WHERE execution_id = ? AND sequence <= ?",
+                    (eid, seq),
+                )
 
         faults.hit("before_snapshot")
         await self._submit(apply, None)
 
+    async def save_snapshot_segment(self, segment: Snapshot, base: int) -> bool:
+        """See :meth:`loom.storage.SnapshotSegments.save_snapshot_segment`."""
+        check_snapshot(segment)
+        state_json = encode_json(segment.state, limits=SNAPSHOT_LIMITS, what="snapshot")
+        eid, seq = segment.execution_id, segment.sequence
+        row = (eid, seq, base, state_json, segment_checksum(eid, seq, base, state_json))
+
+        def apply(conn: sqlite3.Connection) -> bool:
+            head = conn.execute(
+                "SELECT max(s.sequence, coalesce((SELECT max(sequence) FROM "
+                "loom_snapshot_segments WHERE execution_id = s.execution_id), -1)) "
+                "FROM loom_snapshots s WHERE s.execution_id = ?",
+                (eid,),
+            ).fetchone()
+            if head is None or head[0] != base or not base < seq:
+                return False
+            conn.execute(
+                "INSERT INTO loom_snapshot_segments (execution_id, sequence, base, state, "
+                "checksum) VALUES (?, ?, ?, ?, ?)",
+                row,
+            )
+            return True
+
+        faults.hit("before_snapshot")
+        return bool(await self._submit(apply, None))
+
     async def load_snapshot(self, execution_id: str) -> Snapshot | None:
         try:
-            row = (
+            # The whole row first (kind 0), then its segments in order: one query.
+            rows = (
                 self._reader()
                 .execute(
-                    "SELECT sequence, state, checksum FROM loom_snapshots WHERE execution_id = ?",
+                    "SELECT 0, sequence, -1, state, checksum FROM loom_snapshots "
+                    "WHERE execution_id = ?1 UNION ALL "
+                    "SELECT 1, sequence, base, state, checksum FROM loom_snapshot_segments "
+                    "WHERE execution_id = ?1 ORDER BY 1, 2",
                     (execution_id,),
                 )
-                .fetchone()
+                .fetchall()
             )
         except sqlite3.OperationalError as exc:
             if "decode" not in str(exc):
@@ -909,9 +944,12 @@ class SQLiteStore(SQLiteBranches):
             raise CorruptEventError(
                 f"the snapshot of {execution_id!r} is not valid UTF-8", execution_id=execution_id
             ) from exc
-        if row is None:
+        if not rows or rows[0][0] != 0:
             return None
-        return decode_snapshot(execution_id, row[0], row[1], row[2])
+        whole = decode_snapshot(execution_id, rows[0][1], rows[0][3], rows[0][4])
+        if len(rows) == 1:
+            return whole
+        return merge_segments(whole, [(r[1], r[2], r[3], r[4]) for r in rows[1:]])
 
     # ---------------------------------------------------------------- TimerStore
 

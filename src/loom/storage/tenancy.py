@@ -62,6 +62,7 @@ from loom.storage._spi import (
     MailboxStore,
     Message,
     Snapshot,
+    SnapshotSegments,
     SnapshotStore,
     Timer,
     TimerStore,
@@ -346,6 +347,17 @@ class TenantScopedEventStore:
         store = self._snapshot_store()
         scoped = Snapshot(self._scope(snapshot.execution_id), snapshot.sequence, snapshot.state)
         await self._call(store.save_snapshot(scoped))
+
+    async def save_snapshot_segment(self, segment: Snapshot, base: int) -> bool:
+        """Save a segment of the tenant's snapshot (see
+        :meth:`loom.storage.SnapshotSegments.save_snapshot_segment`); False when the wrapped
+        store keeps whole snapshots only."""
+        self._check_open()
+        store = self._snapshot_store()
+        if not isinstance(store, SnapshotSegments):
+            return False
+        scoped = Snapshot(self._scope(segment.execution_id), segment.sequence, segment.state)
+        return bool(await self._call(store.save_snapshot_segment(scoped, base)))
 
     async def load_snapshot(self, execution_id: str) -> Snapshot | None:
         """The tenant's newest snapshot of ``execution_id``, or None."""
