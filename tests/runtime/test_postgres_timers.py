@@ -113,6 +113,7 @@ async def _version_1_schema(dsn: str, schema: str) -> None:
     await _sql(dsn, f'DROP TABLE "{schema}".leases')
     await _sql(dsn, f'DROP TABLE "{schema}".mailbox')  # and what version 7 added
     await _sql(dsn, f'DROP TABLE "{schema}".refs')  # and what version 8 added
+    await _sql(dsn, f'DROP TABLE "{schema}".snapshot_segments')  # and what version 9 added
     await _sql(dsn, f"UPDATE \"{schema}\".meta SET value = '1' WHERE key = 'schema_version'")
 
 

@@ -84,6 +84,7 @@ def _downgrade_sqlite(path: Path) -> None:
     conn.execute("DROP TABLE loom_leases")
     conn.execute("DROP TABLE loom_mailbox")  # and what version 7 added
     conn.execute("DROP TABLE loom_refs")  # and what version 8 added
+    conn.execute("DROP TABLE loom_snapshot_segments")  # and what version 9 added
     conn.execute("UPDATE loom_meta SET value = '1' WHERE key = 'schema_version'")
     conn.commit()
     conn.close()
@@ -249,6 +250,7 @@ async def test_postgres_migrates_in_place_and_back_fills_the_index(tmp_path: Pat
             await conn.execute(f'DROP TABLE "{schema}".leases')
             await conn.execute(f'DROP TABLE "{schema}".mailbox')  # and what version 7 added
             await conn.execute(f'DROP TABLE "{schema}".refs')  # and what version 8 added
+            await conn.execute(f'DROP TABLE "{schema}".snapshot_segments')  # version 9
             await conn.execute(f"UPDATE \"{schema}\".meta SET value = '2'")
         with pytest.raises(SchemaVersionError, match="never migrates"):
             await open_store(f"{dsn}?schema={schema}", read_only=True)

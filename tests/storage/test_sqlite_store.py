@@ -231,6 +231,7 @@ async def test_a_version_4_file_migrates_in_place_and_its_executions_go_on(
     conn.execute("DROP TABLE loom_leases")  # and what later versions added
     conn.execute("DROP TABLE loom_mailbox")
     conn.execute("DROP TABLE loom_refs")
+    conn.execute("DROP TABLE loom_snapshot_segments")
     conn.execute("UPDATE loom_meta SET value = '4' WHERE key = 'schema_version'")
     conn.commit()
     tail = conn.execute("SELECT max(sequence) FROM loom_events").fetchone()[0]
