@@ -26,7 +26,7 @@ from loom.errors import (
     StorageWriteError,
 )
 from loom.model import Envelope, EventType
-from loom.storage import MailboxStore, Message, Snapshot, Store
+from loom.storage import MailboxStore, Message, Snapshot, SnapshotSegments, Store
 
 __all__ = ["STORE_CHECKS", "StoreFactory", "run_event_store_conformance", "run_store_check"]
 
@@ -285,6 +285,36 @@ async def check_snapshots(store: Store, reopen: Reopen | None) -> None:
     await store.save_snapshot(Snapshot("snap", 9, {"execution_id": "snap", "n": 9}))
     got = await store.load_snapshot("snap")
     assert got is not None and got.sequence == 9 and got.state == {"execution_id": "snap", "n": 9}
+
+
+@_check
+async def check_snapshot_segments(store: Store, reopen: Reopen | None) -> None:
+    if not isinstance(store, SnapshotSegments):
+        return  # optional: a store without segments gets whole snapshots
+    whole = {"execution_id": "seg", "n": 1, "ops": {"0": {"a": 0}}}
+    assert not await store.save_snapshot_segment(Snapshot("seg", 4, {"ops": {}}), 2)  # no base
+    await store.save_snapshot(Snapshot("seg", 2, whole))
+    assert not await store.save_snapshot_segment(Snapshot("seg", 4, {"ops": {}}), 1)
+    assert await store.save_snapshot_segment(Snapshot("seg", 4, {"n": 2, "ops": {"1": {}}}), 2)
+    assert await store.save_snapshot_segment(Snapshot("seg", 6, {"ops": {"0": {"a": 6}}}), 4)
+    got = await store.load_snapshot("seg")
+    assert got is not None and got.sequence == 6, got
+    assert got.state == {"execution_id": "seg", "n": 2, "ops": {"0": {"a": 6}, "1": {}}}
+    await store.save_snapshot(Snapshot("seg", 5, whole))  # below the chain's head: kept out
+    got = await store.load_snapshot("seg")
+    assert got is not None and got.sequence == 6, got
+    await store.save_snapshot(Snapshot("seg", 8, whole))  # replaces the chain
+    got = await store.load_snapshot("seg")
+    assert got is not None and got.sequence == 8 and got.state == whole, got
+    if reopen is not None:
+        again = await reopen(store)
+        try:
+            assert isinstance(again, SnapshotSegments)
+            assert await again.save_snapshot_segment(Snapshot("seg", 9, {"n": 9}), 8)
+        finally:
+            await again.close()
+        got = await store.load_snapshot("seg")
+        assert got is not None and got.sequence == 9 and got.state["n"] == 9, got
 
 
 @_check
