@@ -24,6 +24,7 @@ from loom.model import (
     OpRecord,
     OpStatus,
     StepCompleted,
+    WaitOutcome,
     register_event,
 )
 
@@ -197,7 +198,7 @@ def _vote_recorded(state: ExecutionState, e: VoteRecorded, env: Envelope) -> Non
     if op is None or op.kind != OpKind.GATE or op.name != _APPROVAL_GATE:
         raise ValueError(f"no approval gate at position {e.position}")
     output = op.output if isinstance(op.output, dict) else None
-    if op.status is not OpStatus.RESOLVED or output is None or output.get("timed_out"):
+    if op.outcome is not WaitOutcome.DECIDED or output is None:
         raise ValueError(f"the approval gate at position {e.position} was not just resumed")
     if output.get("payload") is not None:
         raise ValueError(f"the approval gate at position {e.position} already has a vote")

@@ -183,9 +183,7 @@ def _resolve(
     op = state.ops.get(pos)
     if op is None or op.status is not OpStatus.WAITING:
         raise _bad(state, env, f"nothing is waiting at position {pos}")
-    op.status = OpStatus.RESOLVED
-    # The stored shape of a resolved wait (snapshots hold it); OpRecord.outcome reads it.
-    op.output = {"payload": payload, "timed_out": timed_out}
+    op.resolve(payload, timed_out=timed_out)
     state.waiting = None
     state.status = ExecutionStatus.RUNNING
 

@@ -71,6 +71,12 @@ class OpRecord:
     #: What step interceptors attached to the completed attempt (tokens, cost), if anything.
     annotations: dict[str, Any] | None = None
 
+    def resolve(self, payload: Any, *, timed_out: bool = False, **extra: Any) -> None:
+        """End this wait: the one place that writes a resolved wait's stored ``output``
+        shape (snapshots and golden logs hold it; :attr:`outcome` reads it back)."""
+        self.status = OpStatus.RESOLVED
+        self.output = {"payload": payload, "timed_out": timed_out, **extra}
+
     @property
     def outcome(self) -> WaitOutcome | None:
         """How this wait ended, or None for an operation that is not a resolved wait."""

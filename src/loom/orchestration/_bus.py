@@ -263,7 +263,8 @@ class InProcessA2ABus:
         waits for the task to start, e.g. a child a parent is about to start)."""
         run = self._running.get(task_id)
         if run is not None:
-            await asyncio.wait_for(asyncio.shield(run), timeout)
+            async with asyncio.timeout(timeout):  # not wait_for: 3.11's can swallow a cancel
+                await asyncio.shield(run)
         elif not missing_ok and await self.runtime.load_state(task_id) is None:
             raise TaskNotFoundError(f"no task {task_id!r}", execution_id=task_id)
         return Task.of(task_id, await self._settled(task_id, timeout))

@@ -60,9 +60,9 @@ class LocalDispatcher:
             if self.execute_timeout is None:
                 return await self.worker.execute(lease, package)
             try:
-                return await asyncio.wait_for(
-                    self.worker.execute(lease, package), self.execute_timeout
-                )
+                # Not asyncio.wait_for: on 3.11 it can swallow a cancel of the dispatch.
+                async with asyncio.timeout(self.execute_timeout):
+                    return await self.worker.execute(lease, package)
             except TimeoutError as exc:
                 raise TimeoutError(
                     f"attempt on {package.execution_id!r} exceeded execute_timeout="

@@ -7,7 +7,13 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from loom.errors import ConfigurationError, ExecutionNotFoundError, NotWaitingError, StorageError
-from loom.model import ExecutionState, ExecutionStatus, execution_id_problem
+from loom.model import (
+    ExecutionState,
+    ExecutionStatus,
+    OpKind,
+    WaitOutcome,
+    execution_id_problem,
+)
 from loom.placement._spi import Health, WorkerLease
 from loom.placement._wire import (
     TIMER_WAKE,
@@ -214,9 +220,6 @@ async def _settled(handle: ExecutionHandle[Any]) -> ExecutionResult:
 def _delivered(state: ExecutionState, event_type: str) -> bool:
     """Whether a decision for ``event_type`` is in the log (so a resume is a duplicate)."""
     return any(
-        op.kind == "gate"
-        and op.name == event_type
-        and op.status == "resolved"
-        and not (isinstance(op.output, dict) and op.output.get("timed_out"))
+        op.kind == OpKind.GATE and op.name == event_type and op.outcome is WaitOutcome.DECIDED
         for op in state.ops.values()
     )

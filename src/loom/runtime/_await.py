@@ -48,7 +48,7 @@ async def wait(
             f"timeout must be >= 0 seconds, not {timeout!r}", execution_id=execution_id
         )
     rt._check_open()
-    rt._ensure_timers()  # a process that only awaits must still fire its timers
+    rt._first_use()  # a process that only awaits must still fire its timers
     loop = asyncio.get_running_loop()
     deadline = None if timeout is None else loop.time() + timeout
     while True:

@@ -124,7 +124,10 @@ async def _bounded(step: Step[Any, Any], attempt: int, work: Awaitable[Any]) -> 
     """Await one attempt for at most ``step.timeout`` seconds (then it is abandoned)."""
     assert step.timeout is not None
     try:
-        return await asyncio.wait_for(work, step.timeout)
+        # Inline like an attempt without a timeout, and not asyncio.wait_for: on 3.11 that
+        # swallows a cancel (close, a takeover) landing as the attempt finishes.
+        async with asyncio.timeout(step.timeout):
+            return await work
     except TimeoutError:
         raise TimeoutError(
             f"step {step.id!r} attempt {attempt} timed out after {step.timeout:g}s"

@@ -83,8 +83,7 @@ def _fold_superseded(state: ExecutionState, e: GateSuperseded, env: Envelope) ->
     op = state.ops.get(e.position)
     if op is None or op.status is not OpStatus.WAITING:
         raise ValueError(f"no gate waits at position {e.position}")
-    op.status = OpStatus.RESOLVED
-    op.output = {"payload": None, "timed_out": False, "superseded_by": e.branch}
+    op.resolve(None, superseded_by=e.branch)
     state.waiting = None
 
 

@@ -37,7 +37,7 @@ class ExecutionHandle(Generic[OutputT]):
     async def _wait(
         self, done: Callable[[ExecutionState], bool], timeout: float | None
     ) -> ExecutionState:
-        self.runtime._ensure_timers()  # a process that only awaits must still fire its timers
+        self.runtime._first_use()  # a process that only awaits must still fire its timers
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
 
@@ -47,7 +47,9 @@ class ExecutionHandle(Generic[OutputT]):
         while True:
             drv = self._driver
             if drv is not None and not drv.done.is_set():
-                await asyncio.wait_for(drv.done.wait(), remaining())
+                # Not asyncio.wait_for: on 3.11 it can swallow the caller's cancel.
+                async with asyncio.timeout(remaining()):
+                    await drv.done.wait()
             if drv is not None and drv.error is not None:
                 raise drv.error
             if drv is not None and drv.state.is_terminal:

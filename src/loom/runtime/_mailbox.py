@@ -34,7 +34,7 @@ async def send(
 ) -> Message:
     """See :meth:`WorkflowRuntime.send`."""
     rt._check_open()
-    rt._ensure_timers()
+    rt._first_use()
     mailbox = rt.store if isinstance(rt.store, MailboxStore) else None
     if mailbox is None:
         raise ConfigurationError(

@@ -104,12 +104,13 @@ class WorkflowRuntime:
     ``store`` defaults to ``SQLiteStore($LOOM_DB or "loom.db")``. ``snapshot_every`` is the
     number of events between snapshots (loading reads the newest snapshot plus the tail).
     Timer serving (firing the due timers of its store, its own and any other process's, each
-    once) is explicit: :meth:`start_timers` serves them in the background until
-    :meth:`stop_timers` or ``close()``, :meth:`serve_timers` in the foreground. With
-    ``timers=True`` (the default) the runtime also starts it itself once it is open (entered
-    with ``async with``) or first used (start, resume, send, recover, a wait); pass
-    ``timers=False`` where a separate :class:`TimerService` serves them, or where the process
-    lives for one command (the CLI).
+    once) follows one rule. ``timers=True`` (the default): served automatically in the
+    background from first use (entering with ``async with``, start, resume, send, recover, a
+    wait) until ``close()`` or an explicit :meth:`stop_timers`, after which no later use
+    restarts it. ``timers=False``: served only when asked, by :meth:`start_timers` (background,
+    until :meth:`stop_timers` or ``close()``), :meth:`serve_timers` (foreground) or
+    ``async with runtime.timers``; use it where a separate :class:`TimerService` serves them,
+    or where the process lives for one command (the CLI).
     ``interceptors`` wrap every step attempt, first = outermost (tracing with
     ``loom.otel.OpenTelemetryInterceptor()``, token accounting, a simulation's dry run);
     ``resources`` are shared with steps by name (``loom.resource("llm")`` inside a step).
@@ -153,7 +154,9 @@ class WorkflowRuntime:
             self.timers = TimerService(
                 self._timer_store, self._wake_locally, clock=self.clock, flow_ids=self._flows.keys
             )
-        self._serve_timers = timers
+        #: whether the first use still has to start timer serving (``timers=True``, not
+        #: stopped explicitly yet)
+        self._auto_timers = timers
         self.interceptors: tuple[StepInterceptor, ...] = tuple(interceptors)
         self._intercept = build_chain(self.interceptors)
         self.resources: Mapping[str, Any] = MappingProxyType(dict(resources or {}))
@@ -334,7 +337,7 @@ class WorkflowRuntime:
         kept in the start record's metadata as ``loom.deadline`` (epoch seconds).
         """
         self._check_open()
-        self._ensure_timers()
+        self._first_use()
         if if_exists not in ("error", "attach"):
             raise ConfigurationError(f"if_exists must be 'error' or 'attach', not {if_exists!r}")
         if if_exists == "attach" and execution_id is not None:
@@ -454,7 +457,7 @@ class WorkflowRuntime:
         flow moved on to a later gate never answers that gate with its old decision.
         """
         self._check_open()
-        self._ensure_timers()
+        self._first_use()
         message_id = None if idempotency_key is None else _mailbox.keyed_id(idempotency_key)
         for _ in range(_RETRIES):
             state, snap_seq = await self._require(execution_id)
@@ -681,7 +684,7 @@ class WorkflowRuntime:
         ``EXECUTION_RECOVERED`` under a new fence, so the dead holder can never write again.
         """
         self._check_open()
-        self._ensure_timers()
+        self._first_use()
         live = self._drivers.get(execution_id)
         if holder is not None:
             _held(holder, execution_id)
@@ -897,18 +900,24 @@ class WorkflowRuntime:
     async def _schedule_timer(self, timer: Timer) -> None:
         assert self._timer_store is not None
         await self._timer_store.schedule_timer(timer)
-        if self.timers is not None:
-            if self._serve_timers and not self._closed:
-                self.timers.start()
-            if (
-                self.timers.running
-                and timer.fire_at <= self.clock.now() + self.timers.poll_interval
-            ):
-                self.timers.kick()  # due before the next poll: look now
+        self._first_use()
+        if (
+            self.timers is not None
+            and self.timers.running
+            and timer.fire_at <= self.clock.now() + self.timers.poll_interval
+        ):
+            self.timers.kick()  # due before the next poll: look now
 
-    def _ensure_timers(self) -> None:
-        """The automatic start (``timers=True``): a runtime in use serves its store's timers."""
-        if self._serve_timers:
+    def _first_use(self) -> None:
+        """The first-use hook, called by every entry point that uses the runtime (entering
+        it, start, resume, send, recover, a wait, scheduling a timer).
+
+        With ``timers=True`` the first call starts timer serving, and only the first: an
+        explicit :meth:`stop_timers` (or ``close()``) is final for the automatic start, so a
+        later use never restarts serving behind the caller's back.
+        """
+        if self._auto_timers:
+            self._auto_timers = False
             self._start_timers()
 
     def _start_timers(self) -> None:
@@ -929,7 +938,12 @@ class WorkflowRuntime:
         return self.timers
 
     async def stop_timers(self) -> None:
-        """Stop serving timers (executions and their stored timers are untouched)."""
+        """Stop serving timers (executions and their stored timers are untouched).
+
+        Final until :meth:`start_timers`: with ``timers=True`` no later use (start, resume,
+        recover, a wait) starts serving again.
+        """
+        self._auto_timers = False
         if self.timers is not None:
             await self.timers.stop()
 
@@ -1222,7 +1236,7 @@ class WorkflowRuntime:
         await self.store.close()
 
     async def __aenter__(self) -> WorkflowRuntime:
-        self._ensure_timers()  # an open runtime wakes due sleeps even if it starts nothing
+        self._first_use()  # an open runtime wakes due sleeps even if it starts nothing
         return self
 
     async def __aexit__(

@@ -212,8 +212,11 @@ class TimerService:
                 # flow not registered here: poll for it, do not spin on it.
                 wait = min(wait, next_due - self.clock.now())
             self._kick.clear()
+            # Not asyncio.wait_for: on Python 3.11 it swallows a cancel that arrives as the
+            # kick lands (a sleep just scheduled its timer), and stop() then waits forever.
             try:
-                await asyncio.wait_for(self._kick.wait(), wait)
+                async with asyncio.timeout(wait):
+                    await self._kick.wait()
             except TimeoutError:
                 pass
 

@@ -483,7 +483,10 @@ class Waiters:
                 if poll_interval is not None:
                     wait_for = poll_interval if wait_for is None else min(wait_for, poll_interval)
                 try:
-                    await asyncio.wait_for(event.wait(), wait_for)
+                    # Not asyncio.wait_for: on 3.11 it swallows a cancel landing as the
+                    # event is set, and the waiter's caller could never stop it.
+                    async with asyncio.timeout(wait_for):
+                        await event.wait()
                 except TimeoutError:
                     pass
             finally:

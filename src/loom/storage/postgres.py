@@ -513,7 +513,8 @@ class PostgresStore(PostgresBranches):
             # listener cannot connect, polling covers the wait.
             budget = self.connect_timeout if deadline is None else deadline - loop.time()
             try:
-                await asyncio.wait_for(self._listening.wait(), max(0.0, budget))
+                async with asyncio.timeout(max(0.0, budget)):  # not wait_for (3.11 cancels)
+                    await self._listening.wait()
             except TimeoutError:
                 pass
         remaining = None if deadline is None else max(0.0, deadline - loop.time())
@@ -580,7 +581,8 @@ class PostgresStore(PostgresBranches):
             if not self._listening.is_set():
                 budget = self.connect_timeout if deadline is None else deadline - loop.time()
                 try:
-                    await asyncio.wait_for(self._listening.wait(), max(0.0, budget))
+                    async with asyncio.timeout(max(0.0, budget)):  # not wait_for (3.11 cancels)
+                        await self._listening.wait()
                 except TimeoutError:
                     pass
         remaining = None if deadline is None else max(0.0, deadline - loop.time())

@@ -140,7 +140,8 @@ async def check_change_feed_is_ordered_and_wakes(store: Store, reopen: Reopen | 
     waiter = asyncio.ensure_future(index.wait_for_changes(high, timeout=30))
     await asyncio.sleep(0)
     await _begin(store, "feed-c")
-    woke = await asyncio.wait_for(waiter, 30)
+    async with asyncio.timeout(30):
+        woke = await waiter
     assert woke > high
     assert [s.execution_id for s in await index.changes(high)] == ["feed-c"]
 

@@ -337,7 +337,8 @@ async def check_wait_for_append(store: Store, reopen: Reopen | None) -> None:
     await asyncio.sleep(0)
     assert not waiter.done()
     await store.append([env("waited", 1, fence)])
-    assert await asyncio.wait_for(waiter, 10) == 1
+    async with asyncio.timeout(10):
+        assert await waiter == 1
 
 
 @_check

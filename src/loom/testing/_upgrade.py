@@ -106,7 +106,8 @@ async def check_execution(
     """Replay one in-flight execution's log against ``flow``; None when it continues cleanly."""
     state = replay(envelopes)
     try:
-        await asyncio.wait_for(_replay(flow, state), timeout)
+        async with asyncio.timeout(timeout):
+            await _replay(flow, state)
     except NonDeterminismError as exc:
         details = exc.details
         position = details.get("position", details.get("sequence"))

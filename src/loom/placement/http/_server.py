@@ -278,9 +278,8 @@ class WorkerService:
         if self.draining:
             return _json(503, {"status": "draining", "in_flight": len(self.attempts)})
         try:
-            await asyncio.wait_for(
-                self.runtime.store.last_sequence("__readyz__"), self.readiness_timeout
-            )
+            async with asyncio.timeout(self.readiness_timeout):  # not wait_for (3.11 cancels)
+                await self.runtime.store.last_sequence("__readyz__")
         except Exception as exc:
             log.warning("not ready: the store is unreachable: %r", exc)
             code = exc.code if isinstance(exc, LoomError) else type(exc).__name__

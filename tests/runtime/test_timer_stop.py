@@ -1,0 +1,129 @@
+"""Stopping timer serving: it returns (even right after a sleep kicked the service) and it sticks.
+
+The rule: ``timers=True`` serves from first use until ``close()`` or an explicit
+``stop_timers()``; ``timers=False`` serves only when asked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+import loom
+from loom.model import ExecutionStatus
+
+# Rounds of stopping 0..TURNS-1 event-loop turns after a sleep kicked the service, so the stop
+# lands at every step of the service's wake-up. Before the fix, on Python 3.11, a stop landing
+# as ``asyncio.wait_for`` saw the kick was swallowed and the stop hung within the first rounds.
+ROUNDS = 24
+TURNS = 8
+STORES = {
+    "memory": lambda path: loom.InMemoryStore(),
+    "sqlite": lambda path: loom.SQLiteStore(path),
+}
+
+
+@loom.flow(id="short-nap")
+async def short_nap(ctx: loom.WorkflowContext) -> str:
+    # Due within the service's poll interval, so scheduling it kicks the service.
+    await ctx.sleep(0.5)
+    return "woke"
+
+
+@loom.flow(id="door", resume_schemas={"Open": dict})
+async def door(ctx: loom.WorkflowContext) -> str:
+    await ctx.suspend("Open")
+    await ctx.sleep(0.5)
+    return "through"
+
+
+async def _turns(n: int) -> None:
+    """Let the event loop run ``n`` times (positions the stop; it waits for nothing)."""
+    for _ in range(n):
+        await asyncio.sleep(0)
+
+
+async def _suspended_nap(rt: loom.WorkflowRuntime, execution_id: str) -> None:
+    handle = await rt.start(short_nap, execution_id=execution_id)
+    state = await handle.wait_for_suspend(timeout=10)
+    assert state.status is ExecutionStatus.SUSPENDED
+
+
+@pytest.mark.parametrize("kind", sorted(STORES))
+async def test_stop_timers_returns_right_after_a_sleep_kicked_the_service(
+    tmp_path: Path, kind: str
+) -> None:
+    async with loom.WorkflowRuntime(STORES[kind](tmp_path / "loom.db")) as rt:
+        rt.register(short_nap)
+        assert rt.timers is not None
+        for i in range(ROUNDS):
+            rt.start_timers()
+            await rt.start(short_nap, execution_id=f"nap-{i}")  # its sleep kicks the service
+            await _turns(i % TURNS)
+            async with asyncio.timeout(10):  # a swallowed cancel hangs here
+                await rt.stop_timers()
+            assert not rt.timers.running, f"round {i}"
+
+
+@pytest.mark.parametrize("kind", sorted(STORES))
+async def test_close_returns_right_after_a_sleep_kicked_the_service(
+    tmp_path: Path, kind: str
+) -> None:
+    for i in range(ROUNDS):
+        rt = loom.WorkflowRuntime(STORES[kind](tmp_path / f"loom-{i}.db"))
+        rt.register(short_nap)
+        await rt.start(short_nap, execution_id="nap")
+        assert rt.timers is not None and rt.timers.running  # first use started it
+        await _turns(i % TURNS)
+        async with asyncio.timeout(10):
+            await rt.close()
+        assert not rt.timers.running, f"round {i}"
+
+
+async def test_an_explicit_stop_wins_over_the_automatic_start(tmp_path: Path) -> None:
+    db = tmp_path / "loom.db"
+    rt = loom.WorkflowRuntime(loom.SQLiteStore(db))  # timers=True
+    rt.register(door, short_nap)
+    assert rt.timers is not None and not rt.timers.running  # nothing used it yet
+    handle = await rt.start(door, execution_id="d1")
+    assert rt.timers.running  # first use
+    await handle.wait_for_suspend(timeout=10)
+    await rt.stop_timers()
+    assert not rt.timers.running
+
+    # No later use restarts it: start, resume (whose flow then schedules a sleep), recover,
+    # waiting on a handle or by id.
+    await _suspended_nap(rt, "n1")
+    assert not rt.timers.running
+    after = await rt.resume("d1", "Open", {})
+    state = await after.wait_for_suspend(timeout=10)
+    assert state.waiting is not None and state.waiting.event_type == "loom.timer"
+    assert not rt.timers.running
+    await rt.recover("n1")
+    assert not rt.timers.running
+    assert (await rt.wait("n1", until="settled", timeout=5)).status is ExecutionStatus.SUSPENDED
+    assert not rt.timers.running
+    assert rt.timers.fired == []  # nothing served the sleeps meanwhile
+
+    # Only an explicit start serves again, and then the sleeps wake.
+    rt.start_timers()
+    assert (await rt.wait("n1", timeout=20)).output == "woke"
+    assert (await rt.wait("d1", timeout=20)).output == "through"
+    await rt.close()
+
+
+async def test_timers_false_serves_only_when_asked(tmp_path: Path) -> None:
+    async with loom.WorkflowRuntime(loom.SQLiteStore(tmp_path / "loom.db"), timers=False) as rt:
+        rt.register(short_nap)
+        assert rt.timers is not None
+        await _suspended_nap(rt, "n1")
+        await rt.recover("n1")
+        assert (await rt.wait("n1", until="settled", timeout=5)).status is (
+            ExecutionStatus.SUSPENDED
+        )
+        assert not rt.timers.running
+        async with rt.timers:
+            assert (await rt.wait("n1", timeout=20)).output == "woke"
+        assert not rt.timers.running
