@@ -49,6 +49,12 @@ class WaitOutcome(enum.StrEnum):
     ELAPSED = "elapsed"
 
 
+def _status(value: Any) -> OpStatus:
+    # The member map first: ``OpStatus(value)`` costs ~1.5 µs a call, a 10k-op load 15 ms.
+    status = OpStatus._value2member_map_.get(value) if isinstance(value, str) else None
+    return status if status is not None else OpStatus(value)  # type: ignore[return-value]
+
+
 def _kind(value: str) -> str:
     return OpKind._value2member_map_.get(value, value)  # type: ignore[return-value]
 
@@ -104,7 +110,7 @@ class OpRecord:
         return cls(
             _kind(str(d["kind"])),
             d["name"],
-            OpStatus(d["status"]),
+            _status(d["status"]),
             d.get("output"),
             d.get("error"),
             int(d.get("attempts", 0)),

@@ -50,10 +50,10 @@ from loom.model import (
     PayloadLimits,
     TimerFired,
     WaitOutcome,
+    apply_event,
     encode_json,
     execution_id_problem,
     new_envelope_id,
-    replay,
 )
 from loom.runtime import _await, _cancel, _children, _mailbox
 from loom.runtime._cancel import (
@@ -240,7 +240,10 @@ class WorkflowRuntime:
         envelopes = await self.store.read(execution_id, from_sequence=state.last_sequence + 1)
         tail = [e for e in envelopes if at_sequence is None or e.sequence <= at_sequence]
         if tail:
-            state = replay(tail, initial=state)  # typed errors for malformed records
+            # In place: ``state`` is this call's own (fresh or just decoded), so the copy
+            # replay() makes of an initial state (10k ops: ~10 ms) buys nothing here.
+            for env in tail:
+                apply_event(state, env)  # typed errors for malformed records
         if state.last_sequence < 0:
             return None, -1
         return state, snap_seq
