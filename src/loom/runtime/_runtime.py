@@ -1,4 +1,8 @@
-"""WorkflowRuntime: registers flows and starts, resumes, recovers and cancels executions."""
+"""WorkflowRuntime: registers flows and starts, resumes, recovers and cancels executions.
+
+This module holds the runtime object, its registry and its read side; the commands live in
+``_commands`` (start, resume, recover, an outright cancel), driving a flow in ``_driving``,
+timer wakes in ``_timer_wake``, and the caller's :class:`Lease` in ``_fence``."""
 
 from __future__ import annotations
 
@@ -6,77 +10,40 @@ import asyncio
 import logging
 import os
 from collections.abc import AsyncIterator, Coroutine, Mapping, Sequence
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from types import MappingProxyType, TracebackType
 from typing import Any, Literal, TypeVar
 
-import pydantic
-import pydantic_core
-
-from loom import faults
 from loom.errors import (
     ConfigurationError,
     CorruptEventError,
-    DuplicateSequenceError,
     ExecutionAlreadyExistsError,
     ExecutionNotFoundError,
-    ExecutionSupersededError,
     FlowNotFoundError,
-    GateTimedOutError,
-    NonDeterminismError,
-    NotWaitingError,
-    PayloadError,
-    ResumeValidationError,
-    RuntimeClosedError,
     StaleFenceError,
-    StorageError,
 )
 from loom.model import (
     DEFAULT_LIMITS,
     Envelope,
     EventPayload,
-    ExecutionCancelled,
-    ExecutionCompleted,
-    ExecutionFailed,
-    ExecutionRecovered,
-    ExecutionResumed,
-    ExecutionStarted,
     ExecutionState,
-    ExecutionStatus,
     ExecutionSummary,
     Gate,
-    OpKind,
     PayloadLimits,
-    TimerFired,
-    WaitOutcome,
     apply_event,
-    encode_json,
-    execution_id_problem,
-    new_envelope_id,
 )
-from loom.runtime import _await, _cancel, _children, _mailbox
+from loom.runtime import _await, _cancel, _children, _commands, _driving, _mailbox, _timer_wake
 from loom.runtime._cancel import (
-    CANCEL_GRACE_POSITION,
-    DEADLINE_KEY,
-    DEADLINE_POSITION,
     cancel_request,
 )
 from loom.runtime._clock import Clock, SystemClock
-from loom.runtime._context import (
-    TIMER_EVENT,
-    SuspendExecution,
-    WorkflowContext,
-    error_record,
-    replayed_value,
-)
-from loom.runtime._driver import Driver, StopAtBoundary
-from loom.runtime._fork import Branch, refuse_superseded
-from loom.runtime._gates import GateRecord, gate_validator
+from loom.runtime._driver import Driver
+from loom.runtime._fence import Lease, check_id
+from loom.runtime._fork import Branch
 from loom.runtime._handle import ExecutionHandle
 from loom.runtime._intercept import StepInterceptor, build_chain
 from loom.runtime._lease import Heartbeat
-from loom.runtime._sdk import _NOT_JSON, Flow, _current_flow, json_dump
+from loom.runtime._sdk import Flow
 from loom.runtime.timers import TimerService, WakeOutcome
 from loom.storage import BranchRef, ExecutionQuery, LeaseStore, Message, Store, Timer, TimerStore
 from loom.storage._common import validate_snapshot
@@ -86,15 +53,6 @@ __all__ = ["ExecutionHandle", "Lease", "WorkflowRuntime"]  # ExecutionHandle is 
 log = logging.getLogger("loom.runtime")
 
 OutputT = TypeVar("OutputT")
-
-
-def _superseded(execution_id: str, cause: BaseException) -> ExecutionSupersededError:
-    err = ExecutionSupersededError(
-        f"execution {execution_id!r} was superseded by a newer fence holder",
-        execution_id=execution_id,
-    )
-    err.__cause__ = cause
-    return err
 
 
 class WorkflowRuntime:
@@ -224,7 +182,7 @@ class WorkflowRuntime:
     async def _load(
         self, execution_id: str, *, at_sequence: int | None = None
     ) -> tuple[ExecutionState | None, int]:
-        _check_id(execution_id)
+        check_id(execution_id)
         state, snap_seq = ExecutionState(execution_id), -1
         try:
             snap = await self.store.load_snapshot(execution_id)
@@ -270,7 +228,7 @@ class WorkflowRuntime:
         """Take a new fence on ``execution_id``: a lease for commands that must take it over
         (``recover(..., holder=lease)``). Every older holder is fenced out from here on."""
         self._check_open()
-        _check_id(execution_id)
+        check_id(execution_id)
         return Lease(execution_id, await self.store.acquire_fence(execution_id))
 
     def handle(self, execution_id: str) -> ExecutionHandle[Any]:
@@ -297,7 +255,7 @@ class WorkflowRuntime:
         :class:`ExecutionNotFoundError` for an unknown id (unless ``missing_ok``: then it waits
         for the execution to start) and :class:`TimeoutError` after ``timeout`` seconds.
         """
-        _check_id(execution_id)
+        check_id(execution_id)
         return await _await.wait(self, execution_id, timeout, until, missing_ok)
 
     def subscribe(
@@ -310,7 +268,7 @@ class WorkflowRuntime:
         Raises :class:`ExecutionNotFoundError` (on the first iteration) for an unknown id,
         as :meth:`wait` does, unless ``missing_ok``: then it waits for the execution to start.
         """
-        _check_id(execution_id)
+        check_id(execution_id)
         return _await.subscribe(self, execution_id, after_sequence, missing_ok)
 
     # ------------------------------------------------------------------ start
@@ -345,91 +303,14 @@ class WorkflowRuntime:
             raise ConfigurationError(f"if_exists must be 'error' or 'attach', not {if_exists!r}")
         if if_exists == "attach" and execution_id is not None:
             try:
-                return await self._start(
-                    flow, input, execution_id, holder, metadata, flow_version, deadline
+                return await _commands.start(
+                    self, flow, input, execution_id, holder, metadata, flow_version, deadline
                 )
             except ExecutionAlreadyExistsError:
-                return await self._attach(flow, execution_id)
-        return await self._start(
-            flow, input, execution_id, holder, metadata, flow_version, deadline
+                return await _commands.attach(self, flow, execution_id)
+        return await _commands.start(
+            self, flow, input, execution_id, holder, metadata, flow_version, deadline
         )
-
-    async def _attach(
-        self, flow: Flow[Any, OutputT] | str, execution_id: str
-    ) -> ExecutionHandle[OutputT]:
-        state, _ = await self._require(execution_id)
-        flow_id = flow if isinstance(flow, str) else flow.id
-        if state.flow_id != flow_id:
-            raise ExecutionAlreadyExistsError(
-                f"execution {execution_id!r} exists and runs flow {state.flow_id!r}, not "
-                f"{flow_id!r}; cannot attach",
-                execution_id=execution_id,
-                hint="Pick another execution id",
-            )
-        log.info("start of %s attached to the existing execution", execution_id)
-        return self.handle(execution_id)
-
-    async def _start(
-        self,
-        flow: Flow[Any, OutputT] | str,
-        input: Any,
-        execution_id: str | None,
-        holder: Lease | None,
-        metadata: dict[str, Any] | None,
-        flow_version: str | None,
-        deadline: timedelta | float | datetime | None = None,
-    ) -> ExecutionHandle[OutputT]:
-        resolved = self.get_flow(flow, flow_version) if isinstance(flow, str) else flow
-        if isinstance(flow, Flow) and self._flows.get(flow.id, {}).get(flow.version) is not flow:
-            self.register(flow)
-        # Time-ordered by default: new executions land at the right edge of the store's indexes
-        # instead of dirtying a random page each (measured: random ids halve throughput once
-        # the database outgrows its page cache).
-        if holder is not None:
-            execution_id = _held(holder, execution_id)
-        execution_id = execution_id or new_envelope_id()
-        _check_id(execution_id)
-        encoded = resolved.encode_input(input, execution_id, limits=self.limits)
-        if deadline is not None:
-            at = _cancel.deadline_at(self, deadline)
-            metadata = {**(metadata or {}), DEADLINE_KEY: at}
-            if await self.store.last_sequence(execution_id) < 0:
-                # Stored before the start, like every timer before its wait: a crash between
-                # the two leaves a timer that finds nothing (harmless), never an execution
-                # whose deadline nothing enforces. (An existing id's timer is left alone.)
-                await _cancel.schedule_deadline(
-                    self, Timer(execution_id, DEADLINE_POSITION, at, "deadline", resolved.id)
-                )
-        started = [ExecutionStarted(resolved.id, resolved.version, encoded, metadata or {})]
-        try:
-            fence = holder.fence if holder is not None else 0
-            driver = self._new_driver(ExecutionState(execution_id), fence, last_snapshot=-1)
-            if holder is not None:
-                await driver.append(started)
-            else:
-                # One atomic write takes the first fence and records sequence 0. An existing
-                # execution is refused without being fenced, so a duplicate start can never
-                # evict a live holder; a fence taken by someone who wrote nothing is taken
-                # over (that holder's own start then loses cleanly).
-                current = 0
-                for _ in range(_RETRIES):
-                    try:
-                        await driver.take_over(started, from_fence=current)
-                        break
-                    except StaleFenceError as exc:
-                        if exc.execution_id != execution_id:
-                            raise
-                        current = await self.store.current_fence(execution_id)
-                else:
-                    raise StorageError(
-                        f"could not start {execution_id!r}: its fence kept moving",
-                        execution_id=execution_id,
-                        hint="Another process is fencing this id; retry the start",
-                    )
-        except PayloadError as exc:
-            raise PayloadError(exc.message, execution_id=execution_id) from exc
-        faults.hit("after_start_before_drive")
-        return self._launch(driver, resolved)
 
     # ------------------------------------------------------------------ resume
 
@@ -461,37 +342,14 @@ class WorkflowRuntime:
         """
         self._check_open()
         self._first_use()
-        message_id = None if idempotency_key is None else _mailbox.keyed_id(idempotency_key)
-        for _ in range(_RETRIES):
-            state, snap_seq = await self._require(execution_id)
-            if message_id is not None and _mailbox.taken(state, message_id) is not None:
-                return ExecutionHandle(self, execution_id, self._drivers.get(execution_id))
-            gate = self._waiting_gate(state, event_type)
-            if position is not None and gate.position != position:
-                raise NotWaitingError(
-                    f"execution {execution_id!r} waits for {event_type!r} at gate position "
-                    f"{gate.position}, not {position}: the decision is for another gate",
-                    execution_id=execution_id,
-                    hint=f"Nothing was recorded; see `loom show {execution_id}`",
-                    waiting_position=gate.position,
-                    position=position,
-                )
-            flow = self.get_flow(state.flow_id, state.flow_version)
-            normalized = self._validate_resume(flow, state, event_type, payload)
-            validator = gate_validator(event_type)
-            extra: Sequence[EventPayload] = ()
-            if validator is not None:
-                normalized = validator(state, gate, normalized)
-                if isinstance(normalized, GateRecord):
-                    normalized, extra = normalized.payload, normalized.events
-            resumed = ExecutionResumed(gate.position, event_type, normalized, message_id)
-            handle = await self._continue_with(state, snap_seq, holder, resumed, flow, extra=extra)
-            if handle is not None:
-                return handle
-            # another decision or holder moved first: look again
-        raise NotWaitingError(
-            f"execution {execution_id!r} kept changing while resuming; try again",
-            execution_id=execution_id,
+        return await _commands.resume(
+            self,
+            execution_id,
+            event_type,
+            payload,
+            holder=holder,
+            position=position,
+            idempotency_key=idempotency_key,
         )
 
     # ------------------------------------------------------------------ mailbox
@@ -523,90 +381,12 @@ class WorkflowRuntime:
         return await _mailbox.send(self, execution_id, event_type, payload, idempotency_key)
 
     def _waiting_gate(self, state: ExecutionState, event_type: str) -> Gate:
-        eid = state.execution_id
-        gate = state.waiting
-        _children.refuse_outside_answer(eid, event_type)
-        if event_type == TIMER_EVENT:
-            raise NotWaitingError(
-                f"{TIMER_EVENT!r} is a durable sleep of execution {eid!r}, not a gate: only its "
-                "timer ends it (never early)",
-                execution_id=eid,
-            )
-        if (
-            gate is not None
-            and gate.event_type == event_type
-            and state.status is ExecutionStatus.SUSPENDED
-        ):
-            if gate.timeout_at is not None and self.clock.now() >= gate.timeout_at:
-                raise GateTimedOutError(
-                    f"gate {event_type!r} of execution {eid!r} timed out; the decision is refused",
-                    execution_id=eid,
-                    event_type=event_type,
-                )
-            return gate
-        # Not waiting for this event: say why as precisely as the log allows.
-        refuse_superseded(state, event_type)
-        if any(
-            op.kind == OpKind.GATE and op.name == event_type and op.outcome is WaitOutcome.TIMED_OUT
-            for op in state.ops.values()
-        ):
-            raise GateTimedOutError(
-                f"gate {event_type!r} of execution {eid!r} already timed out; the decision "
-                "is refused",
-                execution_id=eid,
-                event_type=event_type,
-            )
-        if state.is_terminal:
-            raise NotWaitingError(
-                f"execution {eid!r} is {state.status}; it waits for nothing",
-                execution_id=eid,
-                status=state.status.value,
-            )
-        if gate is None or state.status is not ExecutionStatus.SUSPENDED:
-            raise NotWaitingError(
-                f"execution {eid!r} is {state.status}, not waiting on a gate",
-                execution_id=eid,
-                hint=f"It may already have been decided; see `loom show {eid}`",
-            )
-        raise NotWaitingError(
-            f"execution {eid!r} is waiting for {gate.event_type!r}, not {event_type!r}",
-            execution_id=eid,
-            waiting_for=gate.event_type,
-        )
+        return _commands.waiting_gate(self, state, event_type)
 
     def _validate_resume(
         self, flow: Flow[Any, Any], state: ExecutionState, event_type: str, payload: Any
     ) -> Any:
-        codec = flow.resume_schemas.get(event_type)
-        eid = state.execution_id
-        try:
-            if codec is None or codec.adapter is None:
-                encode_json(payload, limits=self.limits, what="the resume payload")
-                return payload
-            value = codec.adapter.validate_python(payload)
-            return json_dump(codec.adapter, value)
-        except pydantic.ValidationError as exc:
-            problems = "; ".join(
-                f"{'.'.join(str(p) for p in e['loc']) or '<payload>'}: {e['msg']}"
-                for e in exc.errors()
-            )
-            raise ResumeValidationError(
-                f"resume payload for gate {event_type!r} of execution {eid!r} is invalid: "
-                f"{problems}",
-                execution_id=eid,
-                hint="Nothing was recorded; send a payload that matches the gate's schema",
-                event_type=event_type,
-                problems=exc.errors(include_url=False, include_context=False),
-            ) from exc
-        except (pydantic_core.PydanticSerializationError, *_NOT_JSON) as exc:
-            raise ResumeValidationError(
-                f"resume payload for gate {event_type!r} of execution {eid!r} is not "
-                f"storable as JSON: {exc!r}",
-                execution_id=eid,
-                hint="Nothing was recorded; send JSON values only (no NaN, bytes, objects, "
-                "cycles or deep nesting)",
-                event_type=event_type,
-            ) from exc
+        return _commands.validate_resume(self, flow, state, event_type, payload)
 
     # ------------------------------------------------------------------ branching
 
@@ -688,26 +468,7 @@ class WorkflowRuntime:
         """
         self._check_open()
         self._first_use()
-        live = self._drivers.get(execution_id)
-        if holder is not None:
-            _held(holder, execution_id)
-        elif live is not None and not live.done.is_set():
-            # Already driven here: do not fence out our own live holder. A worker that passes
-            # the lease from its allocate() means to take over, so it skips this.
-            return ExecutionHandle(self, execution_id, live)
-        state, snap_seq = await self._require(execution_id)
-        if state.status not in (ExecutionStatus.RUNNING, ExecutionStatus.PENDING):
-            # A parent waiting on a child that ended without telling it is told now.
-            await _children.recheck_wait(self, state)
-            return ExecutionHandle(self, execution_id, self._drivers.get(execution_id))
-        handle = await self._recover_from(state, snap_seq, holder=holder)
-        if handle is None:
-            raise ExecutionSupersededError(
-                f"execution {execution_id!r} moved while it was being recovered: another "
-                "holder is driving it",
-                execution_id=execution_id,
-            )
-        return handle
+        return await _commands.recover(self, execution_id, holder=holder)
 
     async def _recover_from(
         self,
@@ -717,31 +478,9 @@ class WorkflowRuntime:
         holder: Lease | None = None,
         from_fence: int | None = None,
     ) -> ExecutionHandle[Any] | None:
-        """Append ``EXECUTION_RECOVERED`` after exactly ``state`` and drive the flow on.
-
-        With ``from_fence`` (the fence read before ``state`` was), the take-over is
-        conditional on both: if the execution moved since (a newer fence, a newer sequence),
-        nothing is written and None is returned. ``recover_abandoned`` uses this so that a
-        pass acts only on the state its predicate judged, never on whatever is current.
-        """
-        if from_fence is not None:
-            live = self._drivers.get(state.execution_id)
-            if live is not None and not live.done.is_set():
-                return None  # driven here since it was judged: it is not abandoned
-        flow = self.get_flow(state.flow_id, state.flow_version)
-        recovered = ExecutionRecovered(state.last_sequence, snap_seq)
-        handle = await self._continue_with(
-            state, snap_seq, holder, recovered, flow, from_fence=from_fence
+        return await _commands.recover_from(
+            self, state, snap_seq, holder=holder, from_fence=from_fence
         )
-        if handle is not None:
-            log.info(
-                "recovered execution %s (flow %s) from sequence %d",
-                state.execution_id,
-                flow.id,
-                state.last_sequence,
-                extra={"execution_id": state.execution_id, "flow_id": flow.id},
-            )
-        return handle
 
     async def cancel(self, execution_id: str, reason: str | None = None) -> ExecutionState:
         """Cancel an execution: fence out its holder, append ``EXECUTION_CANCELLED``.
@@ -768,40 +507,10 @@ class WorkflowRuntime:
             )
             await _children.cancel_children(self, requested, reason)
             return requested
-        return await self._hard_cancel(execution_id, reason)
+        return await _commands.hard_cancel(self, execution_id, reason)
 
     async def _hard_cancel(self, execution_id: str, reason: str | None) -> ExecutionState:
-        for _ in range(_RETRIES):
-            state, snap_seq = await self._require(execution_id)
-            if state.is_terminal:
-                return state
-            live = self._drivers.get(execution_id)
-            if live is not None:
-                live.cancel_requested = True  # its refused write is this cancel, not a takeover
-            fence = await self.store.acquire_fence(execution_id)
-            # Re-read under the new fence: nothing older can append after this point.
-            state, snap_seq = await self._require(execution_id)
-            if state.is_terminal:
-                return state
-            driver = self._new_driver(state, fence, last_snapshot=snap_seq)
-            try:
-                await driver.append([ExecutionCancelled(reason)])
-            except StaleFenceError as exc:
-                if exc.execution_id != execution_id:
-                    raise
-                continue
-            if self._timer_store is not None:
-                await self._timer_store.cancel_timers(execution_id)
-            live = self._drivers.get(execution_id)
-            if live is not None and live.task is not None and not live.done.is_set():
-                live.stop_reason = "cancelled"  # its handle reports the cancellation
-                live.task.cancel()
-            await _children.notify_parent(self, driver.state)
-            await _children.cancel_children(self, driver.state, reason)
-            return driver.state
-        raise StorageError(
-            f"could not cancel {execution_id!r}: it kept changing", execution_id=execution_id
-        )
+        return await _commands.hard_cancel(self, execution_id, reason)
 
     def stop_driving(self, execution_id: str, why: str = "stopped") -> bool:
         """Stop this process's holder of ``execution_id`` now, leaving the log as of its last
@@ -827,6 +536,10 @@ class WorkflowRuntime:
 
     # ------------------------------------------------------------------ driving
 
+    # The work is in ``_driving`` / ``_commands`` / ``_timer_wake``; these methods stay because
+    # the sibling modules (cancel, fork, mailbox, recovery), the CLI and the placement reach
+    # them through the runtime they are given.
+
     async def _continue_with(
         self,
         state: ExecutionState,
@@ -838,59 +551,15 @@ class WorkflowRuntime:
         from_fence: int | None = None,
         extra: Sequence[EventPayload] = (),
     ) -> ExecutionHandle[Any] | None:
-        """Append ``event`` (and ``extra``, in the same write) and drive the flow on from
-        ``state``.
-
-        With the caller's ``holder`` lease (a worker's) the event is appended under it, and
-        losing it is a superseded refusal. Without one, the runtime takes over
-        conditionally: the fence advances only if nobody moved since ``state`` was read, so
-        a racer that loses never fences out the holder that won. None means another writer
-        moved first: the caller re-reads and decides again. ``from_fence`` is the fence the
-        caller read before ``state`` (else the current one is read now).
-        """
-        eid = state.execution_id
-        if holder is not None:
-            driver = self._new_driver(state, holder.fence, last_snapshot=snap_seq)
-            try:
-                await driver.append([event, *extra])
-            except StaleFenceError as exc:
-                if exc.execution_id != eid:
-                    raise  # another execution's refusal: a genuine failure for this one
-                raise _superseded(eid, exc) from exc
-            return self._launch(driver, flow)
-        current = from_fence if from_fence is not None else await self.store.current_fence(eid)
-        driver = self._new_driver(state, current + 1, last_snapshot=snap_seq)
-        try:
-            await driver.take_over([event, *extra], from_fence=current)
-        except (StaleFenceError, DuplicateSequenceError) as exc:
-            if exc.execution_id != eid:
-                raise
-            return None
-        log.debug(
-            "took over execution %s at fence %d (%s)",
-            eid,
-            current + 1,
-            type(event).__name__,
-            extra={"execution_id": eid},
+        return await _driving.continue_with(
+            self, state, snap_seq, holder, event, flow, from_fence=from_fence, extra=extra
         )
-        return self._launch(driver, flow)
 
     def _new_driver(self, state: ExecutionState, fence: int, *, last_snapshot: int) -> Driver:
-        driver = Driver(
-            self.store,
-            state,
-            fence,
-            self.clock,
-            snapshot_every=self.snapshot_every,
-            limits=self.limits,
-            last_snapshot=last_snapshot,
-        )
-        if self._timer_store is not None:
-            driver.schedule_timer = self._schedule_timer
-        driver.intercept = self._intercept
-        driver.resources = self.resources
-        driver.runtime = self
-        return driver
+        return _driving.new_driver(self, state, fence, last_snapshot=last_snapshot)
+
+    def _launch(self, driver: Driver, flow: Flow[Any, OutputT]) -> ExecutionHandle[OutputT]:
+        return _driving.launch(self, driver, flow)
 
     def _spawn(self, work: Coroutine[Any, Any, None], name: str) -> None:
         """Run ``work`` as a task this runtime owns (``close()`` stops it)."""
@@ -901,15 +570,7 @@ class WorkflowRuntime:
         task.add_done_callback(self._tasks.discard)
 
     async def _schedule_timer(self, timer: Timer) -> None:
-        assert self._timer_store is not None
-        await self._timer_store.schedule_timer(timer)
-        self._first_use()
-        if (
-            self.timers is not None
-            and self.timers.running
-            and timer.fire_at <= self.clock.now() + self.timers.poll_interval
-        ):
-            self.timers.kick()  # due before the next poll: look now
+        await _timer_wake.schedule_timer(self, timer)
 
     def _first_use(self) -> None:
         """The first-use hook, called by every entry point that uses the runtime (entering
@@ -966,242 +627,13 @@ class WorkflowRuntime:
         timer must be tried again later.
         """
         self._check_open()
-        if position == DEADLINE_POSITION:
-            return await _cancel.fire_deadline(self, execution_id), None
-        if position == CANCEL_GRACE_POSITION:
-            return await _cancel.fire_cancel_grace(self, execution_id), None
-        for attempt in range(_RETRIES):
-            state, snap_seq = await self._load(execution_id)
-            if state is None or state.is_terminal:
-                return WakeOutcome.STALE, None
-            op = state.ops.get(position)
-            if op is not None and op.outcome is not None:
-                return WakeOutcome.STALE, None
-            gate = state.waiting
-            if gate is None or gate.position != position or gate.timeout_at is None:
-                return WakeOutcome.EARLY, None  # the wait is not in the log (yet)
-            if self.clock.now() < gate.timeout_at:
-                return WakeOutcome.EARLY, None
-            flow = self.get_flow(state.flow_id, state.flow_version)
-            fired = TimerFired(position, timed_out=gate.event_type != TIMER_EVENT)
-            # The fence of the log's last event is nearly always the current one (the holder
-            # that suspended wrote it): trying it first saves a read per wake. The take-over
-            # is a compare-and-swap, so a wrong guess changes nothing and the retry reads it.
-            guess = state.fence if attempt == 0 and holder is None and state.fence > 0 else None
-            handle = await self._continue_with(
-                state, snap_seq, holder, fired, flow, from_fence=guess
-            )
-            if handle is not None:
-                log.info(
-                    "execution %s: %s at position %d",
-                    execution_id,
-                    "sleep woke" if gate.event_type == TIMER_EVENT else "gate timed out",
-                    position,
-                    extra={"execution_id": execution_id, "flow_id": flow.id},
-                )
-                return WakeOutcome.FIRED, handle
-        return WakeOutcome.EARLY, None
+        return await _timer_wake.fire_timer(self, execution_id, position, holder=holder)
 
     async def serve_timers(self) -> None:
         """Fire this store's timers until cancelled (for a process that only does that)."""
         if self.timers is None:
             raise ConfigurationError("this runtime's store keeps no timers")
         await self.timers.run_forever()
-
-    def _launch(self, driver: Driver, flow: Flow[Any, OutputT]) -> ExecutionHandle[OutputT]:
-        eid = driver.state.execution_id
-        replaced = self._drivers.get(eid)
-        if (
-            replaced is not None
-            and replaced.task is not None
-            and not replaced.done.is_set()
-            and replaced.state.status is ExecutionStatus.RUNNING
-        ):
-            # The new holder fenced it out already; stop its in-flight effect too. (A driver
-            # whose suspension is already durable is only finishing up: it is left alone.)
-            if replaced.stop_reason is None:  # a cancel's own takeover keeps its reason
-                replaced.stop_reason = "replaced"
-            replaced.task.cancel()
-        self._drivers[eid] = driver
-        driver.task = asyncio.create_task(self._drive(driver, flow), name=f"loom:{eid}")
-        self._tasks.add(driver.task)
-        driver.task.add_done_callback(self._tasks.discard)
-        # A task cancelled before it first ran (a cancel right after start) never enters
-        # _drive, so its handle learns the end here.
-        driver.task.add_done_callback(lambda _: self._finished(driver))
-        return ExecutionHandle(self, eid, driver)
-
-    def _finished(self, driver: Driver) -> None:
-        if driver.done.is_set():
-            return
-        eid = driver.state.execution_id
-        if driver.error is None and driver.stop_reason != "cancelled":
-            driver.error = self._stop_error(driver)
-        driver.done.set()
-        if self._drivers.get(eid) is driver:
-            del self._drivers[eid]
-
-    @staticmethod
-    def _stop_error(driver: Driver) -> BaseException:
-        eid = driver.state.execution_id
-        if driver.stop_reason == "replaced":
-            return ExecutionSupersededError(
-                f"execution {eid!r} was taken over by a newer holder in this process",
-                execution_id=eid,
-            )
-        if driver.stop_reason == "stopped":
-            return RuntimeClosedError(
-                f"this process stopped driving {eid!r}; it is resumable", execution_id=eid
-            )
-        return RuntimeClosedError(f"the runtime stopped driving {eid!r} (closed)", execution_id=eid)
-
-    async def _drive(self, driver: Driver, flow: Flow[Any, Any]) -> None:
-        eid = driver.state.execution_id
-        try:
-            if self.heartbeat is not None:
-                await self.heartbeat.begin(driver)
-            outcome = await self._run_flow(driver, flow)
-            if isinstance(outcome, ExecutionFailed):
-                err = outcome.error or {}
-                log.error(
-                    "execution %s (flow %s) failed: %s: %s",
-                    eid,
-                    flow.id,
-                    err.get("type"),
-                    err.get("message"),
-                    extra={"execution_id": eid, "flow_id": flow.id},
-                )
-            if outcome is not None:
-                try:
-                    await driver.append([outcome])
-                except PayloadError as exc:
-                    # The output itself cannot be stored (too large, too deep): record that as
-                    # the flow's failure, or every recovery would stop at the same place.
-                    await driver.append([ExecutionFailed(error_record(exc))])
-                await _children.notify_parent(self, driver.state)
-        except StaleFenceError as exc:
-            driver.error = await self._fenced_out_error(driver, exc)
-        except StopAtBoundary:
-            # A draining close stopped it right after a durable append: resumable from there.
-            if driver.state.status is ExecutionStatus.RUNNING:
-                driver.error = RuntimeClosedError(
-                    f"the runtime stopped driving {eid!r} at a durable boundary (closed)",
-                    execution_id=eid,
-                )
-        except asyncio.CancelledError:
-            # Never hand a CancelledError to the tasks awaiting the handle: say why instead.
-            if driver.stop_reason != "cancelled":
-                driver.error = self._stop_error(driver)
-            raise
-        except BaseException as exc:
-            driver.error = exc
-            if not isinstance(exc, Exception):
-                raise
-            log.warning(
-                "execution %s stopped without an outcome: %r",
-                eid,
-                exc,
-                extra={"execution_id": eid},
-            )
-        finally:
-            driver.done.set()
-            current = self._drivers.get(eid) is driver
-            if current:
-                del self._drivers[eid]
-            if self.heartbeat is not None:
-                await self.heartbeat.end(driver, release=current)
-
-    async def _run_flow(
-        self, driver: Driver, flow: Flow[Any, Any]
-    ) -> ExecutionCompleted | ExecutionFailed | ExecutionCancelled | None:
-        """Run (or replay) the flow; return its terminal event, or None when it suspended.
-
-        Errors that mean the execution must stay resumable (non-determinism, storage,
-        fencing) propagate; anything else the flow raises is its failure, recorded.
-        """
-        ctx = WorkflowContext(driver, flow)
-        token = _current_flow.set(ctx)
-        try:
-            outcome = await self._run_body(ctx, driver, flow)
-            if outcome is not None:
-                # Children started and never awaited are recorded before the outcome. A start
-                # that failed then changes nothing: the outcome stands, that child was not
-                # started (nothing records it).
-                try:
-                    await ctx.settle_child_starts()
-                except Exception as exc:
-                    log.warning(
-                        "execution %s: a child start failed: %r", driver.state.execution_id, exc
-                    )
-        finally:
-            _current_flow.reset(token)
-        if outcome is not None:
-            # The flow's own concurrent tasks (a gathered step still running after another
-            # failed) stop before the outcome is written: nothing follows a terminal event.
-            await ctx.stop_stragglers()
-        return outcome
-
-    async def _run_body(
-        self, ctx: WorkflowContext, driver: Driver, flow: Flow[Any, Any]
-    ) -> ExecutionCompleted | ExecutionFailed | ExecutionCancelled | None:
-        outcome = await self._run_body_outcome(ctx, driver, flow)
-        request = cancel_request(driver.state)
-        if outcome is not None and request is not None:
-            # A cancelled flow that cleaned up ends cancelled, whatever it returned or raised.
-            return ExecutionCancelled(request.get("reason"))
-        return outcome
-
-    async def _run_body_outcome(
-        self, ctx: WorkflowContext, driver: Driver, flow: Flow[Any, Any]
-    ) -> ExecutionCompleted | ExecutionFailed | None:
-        try:
-            if flow.takes_input:
-                inp = replayed_value(flow.input, driver.state.input, ctx, "the flow's input")
-                out = await flow.fn(ctx, inp)
-            else:
-                out = await flow.fn(ctx)
-            ctx._check_fully_replayed()
-            output = flow.output.dump(out, f"output of flow {flow.id!r}")
-        except SuspendExecution:
-            if ctx.wait_violation is not None:
-                return ExecutionFailed(error_record(ctx.wait_violation))
-            return None
-        except (NonDeterminismError, StorageError):
-            raise
-        except Exception as exc:
-            if driver.fenced_out is not None:
-                raise driver.fenced_out from exc  # the flow swallowed its own fencing
-            return ExecutionFailed(error_record(ctx.wait_violation or exc))
-        if ctx.wait_violation is not None:
-            return ExecutionFailed(error_record(ctx.wait_violation))
-        return ExecutionCompleted(output)
-
-    async def _fenced_out_error(self, driver: Driver, exc: StaleFenceError) -> BaseException | None:
-        eid = driver.state.execution_id
-        if exc.execution_id != eid:
-            # A store that rejects a whole coalesced batch named another execution: for this
-            # one it is a genuine storage failure (retryable), not a supersession.
-            return exc
-        # If a cancel fenced it out, the handle reports the cancellation; otherwise another
-        # holder owns the execution: a superseded refusal (ADR 0004), even if that holder has
-        # finished it meanwhile.
-        if driver.cancel_requested:
-            return None  # this process's cancel fenced it out; its handle reports that
-        latest = await self.load_state(eid)
-        current = exc.details.get("current_fence")
-        if (
-            latest is not None
-            and not latest.is_terminal
-            and isinstance(current, int)
-            and latest.fence < current
-        ):
-            # The new fence has written nothing yet. A cancel elsewhere fences first and
-            # appends second: give its append a moment before calling this a supersession.
-            await self.store.wait_for_append(eid, latest.last_sequence, timeout=_FENCED_GRACE)
-            latest = await self.load_state(eid)
-        if latest is not None and latest.status is ExecutionStatus.CANCELLED:
-            return None
-        return _superseded(eid, exc)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -1249,39 +681,3 @@ class WorkflowRuntime:
         tb: TracebackType | None,
     ) -> None:
         await self.close()
-
-
-#: How often a conditional write is retried after losing to a concurrent writer before the
-#: caller is told the execution keeps changing (each retry re-reads the log first).
-_RETRIES = 8
-#: How long a fenced-out holder waits for the new fence's first write (a cancel elsewhere
-#: fences, then appends) before it reports a supersession.
-_FENCED_GRACE = 2.0
-
-
-@dataclass(frozen=True, slots=True)
-class Lease:
-    """A fence the caller holds on one execution (from :meth:`WorkflowRuntime.acquire_lease`
-    or a worker's allocation). A command given one appends under it, unconditionally; losing
-    it to a newer holder is a superseded refusal. Without one, a command takes the execution
-    over conditionally (only if nobody moved since it read the log)."""
-
-    execution_id: str
-    fence: int
-
-
-def _held(holder: Lease, execution_id: str | None) -> str:
-    if not isinstance(holder, Lease) or holder.fence < 1:
-        raise ConfigurationError(f"holder must be a Lease with a fence >= 1, not {holder!r}")
-    if execution_id is not None and execution_id != holder.execution_id:
-        raise ConfigurationError(
-            f"the lease is for execution {holder.execution_id!r}, not {execution_id!r}",
-            execution_id=execution_id,
-        )
-    return holder.execution_id
-
-
-def _check_id(execution_id: str) -> None:
-    problem = execution_id_problem(execution_id)
-    if problem is not None:
-        raise ConfigurationError(f"{problem} (got {execution_id!r})")
