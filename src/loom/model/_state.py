@@ -243,3 +243,137 @@ class ExecutionState:
             forked_from=d.get("forked_from"),
             metadata=dict(d.get("metadata") or {}),
         )
+
+
+_STATE_KEYS = frozenset(ExecutionState("").to_dict())
+_OP_KEYS = frozenset(OpRecord("", "", OpStatus.STARTED).to_dict())
+_OP_KEYS_ANNOTATED = _OP_KEYS | {"annotations"}
+_GATE_KEYS = frozenset(Gate(0, "").to_dict())
+_NUMBER = (int, float)
+
+
+def state_from_stored(d: Any) -> ExecutionState:
+    """The state ``d`` describes if it is exactly a dict :meth:`ExecutionState.to_dict` could
+    have written, else ValueError saying what is off.
+
+    One pass that checks every field while it builds the op records: what a round trip
+    (``from_dict(d).to_dict() == d``) proved, at a third of its cost on a 10,000-op
+    snapshot, and stricter where equality was loose (``1.0`` or ``true`` for an integer).
+    Nothing of ``d`` is changed; its containers are copied, its JSON values shared.
+    """
+    if type(d) is not dict:
+        raise ValueError("it is not an object")
+    if d.keys() != _STATE_KEYS:
+        raise ValueError(f"its fields are {sorted(map(str, d))}")
+    for key in ("execution_id", "flow_id", "flow_version"):
+        if not isinstance(d[key], str):
+            raise ValueError(f"{key!r} is not a string")
+    for key in ("last_sequence", "recoveries", "fence"):
+        if type(d[key]) is not int:
+            raise ValueError(f"{key!r} is not an integer")
+    for key in ("started_at", "updated_at"):
+        v = d[key]
+        if v is not None and (type(v) is bool or not isinstance(v, _NUMBER)):
+            raise ValueError(f"{key!r} is not a number")
+    for key in ("error", "forked_from"):
+        if d[key] is not None and type(d[key]) is not dict:
+            raise ValueError(f"{key!r} is not an object")
+    for key in ("ui", "metadata", "ops"):
+        if type(d[key]) is not dict:
+            raise ValueError(f"{key!r} is not an object")
+    if d["cancel_reason"] is not None and not isinstance(d["cancel_reason"], str):
+        raise ValueError("'cancel_reason' is not a string")
+    raw_status = d["status"]
+    status = (
+        ExecutionStatus._value2member_map_.get(raw_status) if isinstance(raw_status, str) else None
+    )
+    if status is None:
+        raise ValueError(f"status {raw_status!r} is not an execution status")
+    waiting = d["waiting"]
+    gate = None
+    if waiting is not None:
+        if type(waiting) is not dict or waiting.keys() != _GATE_KEYS:
+            raise ValueError("'waiting' is malformed")
+        position, event_type = waiting["position"], waiting["event_type"]
+        key, timeout_at = waiting["correlation_key"], waiting["timeout_at"]
+        if (
+            type(position) is not int
+            or not isinstance(event_type, str)
+            or (key is not None and not isinstance(key, str))
+            or (
+                timeout_at is not None
+                and (type(timeout_at) is bool or not isinstance(timeout_at, _NUMBER))
+            )
+        ):
+            raise ValueError("'waiting' is malformed")
+        gate = Gate(position, event_type, key, timeout_at)
+    return ExecutionState(
+        execution_id=d["execution_id"],
+        flow_id=d["flow_id"],
+        flow_version=d["flow_version"],
+        input=d["input"],
+        status=status,  # type: ignore[arg-type]
+        last_sequence=d["last_sequence"],
+        started_at=d["started_at"],
+        updated_at=d["updated_at"],
+        ops=_ops_from_stored(d["ops"]),
+        waiting=gate,
+        ui=dict(d["ui"]),
+        output=d["output"],
+        error=d["error"],
+        cancel_reason=d["cancel_reason"],
+        recoveries=d["recoveries"],
+        fence=d["fence"],
+        forked_from=d["forked_from"],
+        metadata=dict(d["metadata"]),
+    )
+
+
+def _ops_from_stored(raw: dict[Any, Any]) -> dict[int, OpRecord]:
+    try:
+        positions = list(map(int, raw))
+    except (TypeError, ValueError):
+        positions = None
+    # Only the form str(position) writes: "01" or " 1" would alias another position.
+    if positions is None or list(map(str, positions)) != list(raw):
+        raise ValueError("an op position is not a canonical integer")
+    if positions and min(positions) < 0:
+        raise ValueError("an op position is negative")
+    kinds, statuses = OpKind._value2member_map_, OpStatus._value2member_map_
+    plain, annotated = _OP_KEYS, _OP_KEYS_ANNOTATED
+    records: list[OpRecord] = []
+    append = records.append
+    for op in raw.values():
+        if type(op) is not dict:
+            raise ValueError("an op record is not an object")
+        keys = op.keys()
+        if keys == plain:
+            annotations = None
+        elif keys == annotated and type(op["annotations"]) is dict:
+            annotations = op["annotations"]
+        else:
+            raise ValueError("an op record's fields are malformed")
+        kind, name, status, error = op["kind"], op["name"], op["status"], op["error"]
+        if (
+            not isinstance(kind, str)
+            or not isinstance(name, str)
+            or not isinstance(status, str)
+            or type(op["attempts"]) is not int
+            or (error is not None and type(error) is not dict)
+        ):
+            raise ValueError("an op record is malformed")
+        member = statuses.get(status)
+        if member is None:
+            raise ValueError(f"op status {status!r} is not an op status")
+        append(
+            OpRecord(
+                kinds.get(kind, kind),  # type: ignore[arg-type]
+                name,
+                member,  # type: ignore[arg-type]
+                op["output"],
+                error,
+                op["attempts"],
+                annotations,
+            )
+        )
+    return dict(zip(positions, records, strict=True))

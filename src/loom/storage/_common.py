@@ -27,6 +27,7 @@ from loom.model import (
     decode_json,
 )
 from loom.model._events import as_event_type
+from loom.model._state import state_from_stored
 from loom.storage._spi import Snapshot
 
 __all__ = [
@@ -384,40 +385,12 @@ def validate_snapshot(
         raise bad(f"it describes sequence {seq!r}")
     if not 0 <= seq <= MAX_SEQUENCE or (last_sequence is not None and seq > last_sequence):
         raise bad(f"sequence {seq} is beyond the log (which ends at {last_sequence})")
-    for key, kind in _SNAPSHOT_FIELDS.items():
-        if key in d and d[key] is not None and not isinstance(d[key], kind):
-            raise bad(f"{key!r} is a {type(d[key]).__name__}")
-    for op in (d.get("ops") or {}).values():
-        if not isinstance(op, dict) or not all(
-            isinstance(op.get(k), str) for k in ("kind", "name", "status")
-        ):
-            raise bad("an op record is malformed")
     try:
-        state = ExecutionState.from_dict(d)
-    except Exception as exc:  # any malformed field: the snapshot is unusable, not fatal
-        raise bad(repr(exc)) from exc
-    # The fold's own output round-trips exactly; anything else was written by someone else.
-    if state.to_dict() != d:
-        raise bad("it is not in the form Loom writes")
-    return state
-
-
-_SNAPSHOT_FIELDS: dict[str, type | tuple[type, ...]] = {
-    "flow_id": str,
-    "flow_version": str,
-    "status": str,
-    "ops": dict,
-    "waiting": dict,
-    "ui": dict,
-    "error": dict,
-    "cancel_reason": str,
-    "recoveries": int,
-    "fence": int,
-    "forked_from": dict,
-    "metadata": dict,
-    "started_at": (int, float),
-    "updated_at": (int, float),
-}
+        # One pass, checking each field as it builds the state: the snapshot must be exactly
+        # what ExecutionState.to_dict writes (anything else was written by someone else).
+        return state_from_stored(d)
+    except ValueError as exc:
+        raise bad(str(exc)) from exc
 
 
 class Waiters:

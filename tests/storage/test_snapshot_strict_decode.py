@@ -1,0 +1,175 @@
+"""A loaded snapshot is decoded in one pass that checks every field as it builds the state
+(#13.3): no round trip through to_dict, yet anything that is not exactly what Loom writes is
+refused, and the runtime folds from the log instead."""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import loom
+from loom.errors import CorruptEventError
+from loom.model import ExecutionState, Gate, OpKind, OpRecord, OpStatus, replay
+from loom.model._events import ExecutionStatus
+from loom.storage import Snapshot
+from loom.storage._common import validate_snapshot
+
+EID = "strict"
+
+
+def _state() -> ExecutionState:
+    """A state with every optional part filled: annotations, a waiting gate, errors, metadata."""
+    return ExecutionState(
+        EID,
+        flow_id="f",
+        flow_version="1",
+        input={"a": [1, 2]},
+        status=ExecutionStatus.SUSPENDED,
+        last_sequence=7,
+        started_at=1.5,
+        updated_at=2,
+        ops={
+            0: OpRecord(OpKind.STEP, "s", OpStatus.COMPLETED, {"x": 1}, None, 1),
+            1: OpRecord(
+                OpKind.STEP, "t", OpStatus.COMPLETED, 3, None, 2, annotations={"tokens": 4}
+            ),
+            2: OpRecord("ext.custom", "c", OpStatus.FAILED, None, {"type": "E"}, 3),
+            10: OpRecord(OpKind.GATE, "Go", OpStatus.WAITING),
+        },
+        waiting=Gate(10, "Go", "key", 99.5),
+        ui={"k": "v"},
+        error=None,
+        cancel_reason=None,
+        recoveries=1,
+        fence=3,
+        forked_from={"execution_id": "p", "sequence": 2},
+        metadata={"m": 1},
+    )
+
+
+def test_what_loom_writes_loads_back_equal() -> None:
+    for state in (_state(), ExecutionState(EID, last_sequence=0)):
+        d = state.to_dict()
+        before = copy.deepcopy(d)
+        loaded = validate_snapshot(Snapshot(EID, state.last_sequence, d), EID)
+        assert loaded == state
+        assert loaded.to_dict() == d
+        assert d == before  # the stored dict (maybe a cached decode) is never changed
+    loaded = validate_snapshot(Snapshot(EID, 7, _state().to_dict()), EID)
+    # Members, not bare strings: the fold compares statuses by identity.
+    assert loaded.ops[0].status is OpStatus.COMPLETED and loaded.ops[0].kind is OpKind.STEP
+    assert loaded.status is ExecutionStatus.SUSPENDED
+
+
+def _op(pos: str, key: str, value: Any) -> Callable[[dict[str, Any]], None]:
+    def change(d: dict[str, Any]) -> None:
+        d["ops"][pos][key] = value
+
+    return change
+
+
+def _rename(old: str, new: str) -> Callable[[dict[str, Any]], None]:
+    def change(d: dict[str, Any]) -> None:
+        d["ops"][new] = d["ops"].pop(old)
+
+    return change
+
+
+def _set(key: str, value: Any) -> Callable[[dict[str, Any]], None]:
+    def change(d: dict[str, Any]) -> None:
+        d[key] = value
+
+    return change
+
+
+HOSTILE: dict[str, Callable[[dict[str, Any]], None]] = {
+    # Positions other than the form str(int) writes could alias one another.
+    "position with a leading zero": _rename("2", "02"),
+    "position with a space": _rename("2", " 2"),
+    "negative position": _rename("2", "-2"),
+    "position not a number": _rename("2", "two"),
+    # Equal under ==, so the old round trip let them through; the fold wants integers.
+    "attempts true": _op("1", "attempts", True),
+    "attempts 1.0": _op("1", "attempts", 1.0),
+    "attempts a string": _op("1", "attempts", "1"),
+    "annotations null": _op("0", "annotations", None),
+    "annotations a list": _op("1", "annotations", [1]),
+    "extra op field": _op("0", "extra", 1),
+    "op status unknown": _op("0", "status", "done"),
+    "op status unhashable": _op("0", "status", ["completed"]),
+    "op kind not a string": _op("0", "kind", 1),
+    "op name missing": lambda d: d["ops"]["0"].pop("name"),
+    "op error a string": _op("0", "error", "boom"),
+    "op record a list": lambda d: d["ops"].__setitem__("0", ["step", "s", "completed"]),
+    "missing field": lambda d: d.pop("metadata"),
+    "extra field": _set("extra", 1),
+    "status unknown": _set("status", "paused"),
+    "fence true": _set("fence", True),
+    "recoveries 1.0": _set("recoveries", 1.0),
+    "ui null": _set("ui", None),
+    "metadata a list": _set("metadata", []),
+    "started_at a string": _set("started_at", "now"),
+    "updated_at true": _set("updated_at", True),
+    "flow_id null": _set("flow_id", None),
+    "cancel_reason a number": _set("cancel_reason", 3),
+    "forked_from a list": _set("forked_from", []),
+    "waiting empty": _set("waiting", {}),
+    "waiting extra field": lambda d: d["waiting"].__setitem__("x", 1),
+    "waiting position a string": lambda d: d["waiting"].__setitem__("position", "10"),
+    "waiting timeout a string": lambda d: d["waiting"].__setitem__("timeout_at", "soon"),
+    "waiting key a number": lambda d: d["waiting"].__setitem__("correlation_key", 5),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE))
+def test_a_snapshot_not_in_the_form_loom_writes_is_refused(case: str) -> None:
+    d = _state().to_dict()
+    HOSTILE[case](d)
+    with pytest.raises(CorruptEventError, match="is unusable"):
+        validate_snapshot(Snapshot(EID, 7, d), EID)
+
+
+@loom.step(id="strict-step")
+async def strict_step(i: int) -> int:
+    return i * 2
+
+
+@loom.flow(id="strict-flow", version="1")
+async def strict_flow(ctx: loom.WorkflowContext, n: int) -> int:
+    total = 0
+    for i in range(n):
+        total += await ctx.run(strict_step, i)
+    return total
+
+
+async def test_the_runtime_ignores_a_hostile_snapshot_with_a_good_checksum(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Stored through the API, so its checksum matches: the bytes are what the writer wrote,
+    # and the one-pass check alone must still refuse them.
+    store = loom.SQLiteStore(tmp_path / "loom.db")
+    rt = loom.WorkflowRuntime(store, timers=False)
+    rt.register(strict_flow)
+    handle = await rt.start(strict_flow, 5, execution_id=EID)
+    assert await handle.result() == 20
+    truth = replay(await store.read(EID), execution_id=EID)
+    lie = truth.to_dict()
+    lie["ops"]["03"] = lie["ops"].pop("3")  # aliases position 3, equal after int()
+    lie["ops"]["1"]["attempts"] = True
+    await store.save_snapshot(Snapshot(EID, truth.last_sequence, lie))
+    await rt.close()
+
+    store = loom.SQLiteStore(tmp_path / "loom.db")
+    rt = loom.WorkflowRuntime(store, timers=False)
+    rt.register(strict_flow)
+    with caplog.at_level(logging.WARNING, logger="loom.runtime"):
+        loaded = await rt.load_state(EID)
+    assert loaded == truth
+    assert type(loaded.ops[1].attempts) is int
+    assert any("ignored the snapshot" in r.getMessage() for r in caplog.records)
+    await rt.close()
