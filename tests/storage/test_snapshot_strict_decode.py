@@ -73,7 +73,7 @@ def _op(pos: str, key: str, value: Any) -> Callable[[dict[str, Any]], None]:
     return change
 
 
-def _rename(old: str, new: str) -> Callable[[dict[str, Any]], None]:
+def _rename(old: str, new: Any) -> Callable[[dict[str, Any]], None]:
     def change(d: dict[str, Any]) -> None:
         d["ops"][new] = d["ops"].pop(old)
 
@@ -93,6 +93,12 @@ HOSTILE: dict[str, Callable[[dict[str, Any]], None]] = {
     "position with a space": _rename("2", " 2"),
     "negative position": _rename("2", "-2"),
     "position not a number": _rename("2", "two"),
+    "position 00": _rename("2", "00"),
+    "position empty": _rename("2", ""),
+    "position with a comma": _rename("2", "2,3"),
+    "position with an underscore": _rename("10", "1_0"),
+    "position an Arabic-Indic digit": _rename("2", "\u0662"),
+    "position not a string": _rename("2", 2),
     # Equal under ==, so the old round trip let them through; the fold wants integers.
     "attempts true": _op("1", "attempts", True),
     "attempts 1.0": _op("1", "attempts", 1.0),

@@ -330,50 +330,63 @@ def state_from_stored(d: Any) -> ExecutionState:
 
 
 def _ops_from_stored(raw: dict[Any, Any]) -> dict[int, OpRecord]:
-    try:
-        positions = list(map(int, raw))
-    except (TypeError, ValueError):
-        positions = None
-    # Only the form str(position) writes: "01" or " 1" would alias another position.
-    if positions is None or list(map(str, positions)) != list(raw):
+    if not _canonical_positions(raw):
+        # Only the form str(position) writes: "01" or " 1" would alias another position.
         raise ValueError("an op position is not a canonical integer")
-    if positions and min(positions) < 0:
-        raise ValueError("an op position is negative")
     kinds, statuses = OpKind._value2member_map_, OpStatus._value2member_map_
-    plain, annotated = _OP_KEYS, _OP_KEYS_ANNOTATED
     records: list[OpRecord] = []
     append = records.append
-    for op in raw.values():
-        if type(op) is not dict:
-            raise ValueError("an op record is not an object")
-        keys = op.keys()
-        if keys == plain:
-            annotations = None
-        elif keys == annotated and type(op["annotations"]) is dict:
-            annotations = op["annotations"]
-        else:
-            raise ValueError("an op record's fields are malformed")
-        kind, name, status, error = op["kind"], op["name"], op["status"], op["error"]
-        if (
-            not isinstance(kind, str)
-            or not isinstance(name, str)
-            or not isinstance(status, str)
-            or type(op["attempts"]) is not int
-            or (error is not None and type(error) is not dict)
-        ):
-            raise ValueError("an op record is malformed")
-        member = statuses.get(status)
-        if member is None:
-            raise ValueError(f"op status {status!r} is not an op status")
-        append(
-            OpRecord(
-                kinds.get(kind, kind),  # type: ignore[arg-type]
-                name,
-                member,  # type: ignore[arg-type]
-                op["output"],
-                error,
-                op["attempts"],
-                annotations,
+    try:
+        # Six (or seven) distinct keys read and no more in the dict: exactly the fields
+        # OpRecord.to_dict writes, without comparing key sets (a third of the time here).
+        for op in raw.values():
+            if type(op) is not dict:
+                raise ValueError("an op record is not an object")
+            size = len(op)
+            kind, name, error, attempts = op["kind"], op["name"], op["error"], op["attempts"]
+            member = statuses.get(op["status"])  # TypeError for an unhashable status
+            output = op["output"]
+            if size == 6:
+                annotations = None
+            elif size == 7 and type(op["annotations"]) is dict:
+                annotations = op["annotations"]
+            else:
+                raise ValueError("an op record's fields are malformed")
+            if (
+                member is None
+                or type(attempts) is not int
+                or not isinstance(kind, str)
+                or not isinstance(name, str)
+                or (error is not None and type(error) is not dict)
+            ):
+                raise ValueError("an op record is malformed")
+            append(
+                OpRecord(
+                    kinds.get(kind, kind),  # type: ignore[arg-type]
+                    name,
+                    member,  # type: ignore[arg-type]
+                    output,
+                    error,
+                    attempts,
+                    annotations,
+                )
             )
-        )
-    return dict(zip(positions, records, strict=True))
+    except (KeyError, TypeError) as exc:
+        raise ValueError(f"an op record is malformed ({exc!r})") from exc
+    return dict(zip(map(int, raw), records, strict=True))
+
+
+def _canonical_positions(raw: dict[Any, Any]) -> bool:
+    """Every key is a decimal integer >= 0 as str() writes it: ASCII digits, no sign, space or
+    underscore, no leading zero. Whole-string checks in C, not one int()/str() per key."""
+    if not raw:
+        return True
+    try:
+        joined = ",".join(raw)
+    except TypeError:  # a key that is not a string
+        return False
+    if not (joined.isascii() and joined.replace(",", "").isdigit() and ",," not in joined):
+        return False
+    if joined.startswith(",") or joined.endswith(","):
+        return False
+    return ("," + joined).count(",0") == ("0" in raw)
