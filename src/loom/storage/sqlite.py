@@ -16,6 +16,10 @@
 * Reads run on the calling thread over a per-thread connection; in WAL they never block on the
   writer. Other processes may open the same file: fences, sequences and envelope uniqueness are
   checked inside ``BEGIN IMMEDIATE`` transactions, so they hold across processes too.
+
+This module holds the connections, the writer and the log; the log's SQL is in ``_sqlite_sql``,
+the index reads in ``_sqlite_index``, timers/leases/mailbox/blobs in ``_sqlite_tables``, refs in
+``_sqlite_branches`` and the schema ladder in ``_sqlite_schema``.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import os
 import sqlite3
 import threading
 import weakref
-from collections.abc import AsyncIterator, Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -36,8 +40,6 @@ from loom import faults
 from loom.errors import (
     ConfigurationError,
     CorruptEventError,
-    DuplicateEnvelopeIdError,
-    ExecutionEndedError,
     LoomError,
     NotALoomDatabaseError,
     StorageError,
@@ -47,18 +49,14 @@ from loom.errors import (
 from loom.model import (
     DEFAULT_LIMITS,
     Envelope,
-    ExecutionSummary,
     PayloadLimits,
-    SummaryChange,
-    decode_json,
     encode_json,
     summary_change,
 )
 from loom.storage._batching import GroupCommit, WriteRequest
-from loom.storage._blobs import check_blobs, check_hashes
+from loom.storage._blobs import check_blobs
 from loom.storage._common import (
     SNAPSHOT_LIMITS,
-    TERMINAL_SQL,
     TERMINAL_TYPES,
     Waiters,
     batch_head,
@@ -75,77 +73,29 @@ from loom.storage._common import (
 )
 from loom.storage._index import (
     FEED_KEY,
-    SUMMARY_COLUMNS,
-    encode_page_cursor,
-    summary_from_row,
-    where_clause,
 )
 from loom.storage._schema import SCHEMA_VERSION
-from loom.storage._spi import ExecutionPage, ExecutionQuery, Message, Snapshot, Timer
+from loom.storage._spi import Snapshot
 from loom.storage._sqlite_branches import SQLiteBranches
+from loom.storage._sqlite_index import SQLiteIndexReads
 from loom.storage._sqlite_schema import check_readable, migrate
+from loom.storage._sqlite_sql import (
+    LAST_SEQUENCE,
+    append_check,
+    ended_refusal,
+    event_row,
+    insert_or_undo,
+    next_sequence_of,
+    write_index,
+)
+from loom.storage._sqlite_tables import SQLiteSideTables
 from loom.storage._sqlite_watch import ChangeWatch
 
 __all__ = ["SCHEMA_VERSION", "SQLiteStore"]
 
-# One writer at a time (BEGIN IMMEDIATE, across processes) makes max + 1 a commit-ordered
-# change cursor: no reader of the feed can ever find a later commit below a cursor it has seen.
 #: How often a waiter re-checks its execution even if the change watch saw nothing (a
 #: filesystem with coarse file times); the watch itself wakes it within ``poll_interval``.
 _SAFETY_POLL = 1.0
-_NEXT_CURSOR = "(SELECT coalesce(max(cursor), 0) + 1 FROM loom_executions)"
-
-# A start sets every field (forked_from survives a fork record written before it); any later
-# change sets status, waiting-for and the time. Both are upserts, so the row exists whatever
-# the order (that is SummaryChange.apply with the previous row read by SQLite).
-_INDEX_START = (
-    f"INSERT INTO loom_executions ({SUMMARY_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, "
-    f"{_NEXT_CURSOR}) ON CONFLICT (execution_id) DO UPDATE SET flow_id = excluded.flow_id, "
-    "flow_version = excluded.flow_version, status = excluded.status, "
-    "waiting_for = excluded.waiting_for, parent_id = excluded.parent_id, "
-    "forked_from = coalesce(excluded.forked_from, loom_executions.forked_from), "
-    "created_at = excluded.created_at, updated_at = excluded.updated_at, "
-    "cursor = excluded.cursor"
-)
-_INDEX_CHANGE = (
-    f"INSERT INTO loom_executions ({SUMMARY_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, "
-    f"{_NEXT_CURSOR}) ON CONFLICT (execution_id) DO UPDATE SET status = excluded.status, "
-    "waiting_for = excluded.waiting_for, "
-    "forked_from = coalesce(excluded.forked_from, loom_executions.forked_from), "
-    "updated_at = excluded.updated_at, cursor = excluded.cursor"
-)
-# A change that does not move the status (only a fork record).
-_INDEX_MARK = (
-    f"INSERT INTO loom_executions ({SUMMARY_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, "
-    f"{_NEXT_CURSOR}) ON CONFLICT (execution_id) DO UPDATE SET "
-    "forked_from = coalesce(excluded.forked_from, loom_executions.forked_from), "
-    "updated_at = excluded.updated_at, cursor = excluded.cursor"
-)
-
-
-def _write_index(conn: sqlite3.Connection, change: SummaryChange) -> None:
-    s = change.apply(None)
-    conn.execute(
-        _INDEX_START if change.started else _INDEX_MARK if change.status is None else _INDEX_CHANGE,
-        (
-            s.execution_id,
-            s.flow_id,
-            s.flow_version,
-            s.status.value,
-            s.waiting_for,
-            s.parent_id,
-            s.forked_from,
-            s.created_at,
-            s.updated_at,
-        ),
-    )
-
-
-_INSERT_EVENT = (
-    "INSERT INTO loom_events (execution_id, sequence, envelope_id, type, payload, recorded_at,"
-    " fence, checksum) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
-)
-
 
 # This process's id, kept current across fork: os.getpid() is a system call, and the writer
 # checks it on every commit (connections and threads never cross a fork).
@@ -162,84 +112,6 @@ os.register_at_fork(after_in_child=_forked)
 # What an attempt to begin a write transaction without waiting found.
 _BEGUN, _BUSY, _FAILED = object(), object(), object()
 
-# The events' primary key ends in the sequence: max() is one seek to the end of the range.
-_LAST_SEQUENCE = "SELECT max(sequence) FROM loom_events WHERE execution_id = ?"
-
-
-def _next_sequence(conn: sqlite3.Connection, execution_id: str) -> int:
-    row = conn.execute(_LAST_SEQUENCE, (execution_id,)).fetchone()
-    return 0 if row is None or row[0] is None else int(row[0]) + 1
-
-
-# What an append must check, in ONE statement: the head's fence (NULL: no head) and the tail
-# event (its sequence gives the next one; its type says whether the log already ended). Both
-# are single seeks (the heads' primary key; the end of the events' primary-key range).
-_APPEND_CHECK = (
-    "SELECT (SELECT fence FROM loom_heads WHERE execution_id = ?1), t.sequence, t.type "
-    "FROM (SELECT 1) LEFT JOIN (SELECT sequence, type FROM loom_events "
-    "WHERE execution_id = ?1 ORDER BY sequence DESC LIMIT 1) AS t"
-)
-
-
-def _append_check(conn: sqlite3.Connection, execution_id: str) -> tuple[int, int, str | None]:
-    """(current fence or 0, next sequence, the last event's type or None when empty)."""
-    fence, last, last_type = conn.execute(_APPEND_CHECK, (execution_id,)).fetchone()
-    return (
-        0 if fence is None else int(fence),
-        0 if last is None else int(last) + 1,
-        None if last_type is None else str(last_type),
-    )
-
-
-def _ended_refusal(
-    conn: sqlite3.Connection, execution_id: str, first: int
-) -> ExecutionEndedError | None:
-    row = conn.execute(
-        f"SELECT type FROM loom_events WHERE execution_id = ? AND sequence = ? "
-        f"AND type IN ({TERMINAL_SQL})",
-        (execution_id, first - 1),
-    ).fetchone()
-    return None if row is None else ended(execution_id, str(row[0]))
-
-
-def _event_row(e: Envelope) -> tuple[Any, ...]:
-    return (
-        e.execution_id,
-        e.sequence,
-        e.envelope_id,
-        str(e.type),
-        e.payload_json,
-        e.recorded_at,
-        e.fence,
-        e.checksum(),
-    )
-
-
-def _insert_or_undo(
-    conn: sqlite3.Connection,
-    execution_id: str,
-    rows: list[tuple[Any, ...]],
-    first: int,
-    undo_head: Callable[[], object],
-) -> None:
-    """Insert a request's events; on a duplicate envelope id undo exactly this request's
-    writes (the sequences were free: the events table said so, and the transaction still holds
-    the write lock), so that the refusal leaves nothing behind for the rest of the batch."""
-    try:
-        if len(rows) == 1:
-            conn.execute(_INSERT_EVENT, rows[0])
-        else:
-            conn.executemany(_INSERT_EVENT, rows)
-    except sqlite3.IntegrityError as exc:
-        conn.execute(
-            "DELETE FROM loom_events WHERE execution_id = ? AND sequence >= ? AND sequence < ?",
-            (execution_id, first, first + len(rows)),
-        )
-        undo_head()
-        raise DuplicateEnvelopeIdError(
-            f"an envelope id of this batch is already stored ({exc})", execution_id=execution_id
-        ) from exc
-
 
 @dataclass(eq=False, kw_only=True)
 class _Request(WriteRequest):
@@ -250,7 +122,7 @@ class _Request(WriteRequest):
     feed: bool = False
 
 
-class SQLiteStore(SQLiteBranches):
+class SQLiteStore(SQLiteBranches, SQLiteIndexReads, SQLiteSideTables):
     """The embedded event, snapshot and fence store over one SQLite file.
 
     ``path`` may be ``":memory:"`` only for throwaway use within one connection; prefer a file.
@@ -605,7 +477,7 @@ class SQLiteStore(SQLiteBranches):
         """The append as a write for the writer: (apply, execution id, feeds the index)."""
         execution_id, first, fence = batch_head(envelopes)
         blob_rows = [(namespace, k, bytes(v)) for k, v in (blobs or {}).items()]
-        rows = [_event_row(e) for e in envelopes]
+        rows = [event_row(e) for e in envelopes]
         change = summary_change(envelopes)
 
         def apply(conn: sqlite3.Connection) -> None:
@@ -618,7 +490,7 @@ class SQLiteStore(SQLiteBranches):
             # write transaction (BEGIN IMMEDIATE excludes every other writer, in any process,
             # until COMMIT), and only the events table is written. The head row moves only on
             # a start, a take-over or a fence change.
-            current_fence, next_sequence, last_type = _append_check(conn, execution_id)
+            current_fence, next_sequence, last_type = append_check(conn, execution_id)
             refusal = refusal_for(execution_id, first, fence, current_fence, next_sequence)
             if refusal is None and last_type in TERMINAL_TYPES:
                 # Nothing follows a terminal event (the tail read above already holds its type).
@@ -630,7 +502,7 @@ class SQLiteStore(SQLiteBranches):
                     "UPDATE loom_heads SET next_sequence = ? WHERE execution_id = ?",
                     (len(rows), execution_id),
                 )
-            _insert_or_undo(
+            insert_or_undo(
                 conn,
                 execution_id,
                 rows,
@@ -645,13 +517,13 @@ class SQLiteStore(SQLiteBranches):
                 ),
             )
             if change is not None:
-                _write_index(conn, change)
+                write_index(conn, change)
 
         return apply, execution_id, change is not None
 
     async def take_over(self, envelopes: Sequence[Envelope], *, from_fence: int) -> None:
         execution_id, first = check_take_over(envelopes, from_fence)
-        rows = [_event_row(e) for e in envelopes]
+        rows = [event_row(e) for e in envelopes]
         count = len(rows)
         change = summary_change(envelopes)
 
@@ -661,13 +533,13 @@ class SQLiteStore(SQLiteBranches):
                 (execution_id,),
             ).fetchone()
             current_fence = head[0] if head is not None else 0
-            next_sequence = _next_sequence(conn, execution_id)
+            next_sequence = next_sequence_of(conn, execution_id)
             refusal = take_over_refusal(
                 execution_id, first, from_fence, current_fence, next_sequence
             )
             if refusal is not None:
                 raise refusal
-            refusal = _ended_refusal(conn, execution_id, first)
+            refusal = ended_refusal(conn, execution_id, first)
             if refusal is not None:
                 raise refusal
             conn.execute(
@@ -686,9 +558,9 @@ class SQLiteStore(SQLiteBranches):
                         (head[0], head[1], execution_id),
                     )
 
-            _insert_or_undo(conn, execution_id, rows, first, undo_head)
+            insert_or_undo(conn, execution_id, rows, first, undo_head)
             if change is not None:
-                _write_index(conn, change)
+                write_index(conn, change)
 
         await self._submit(apply, execution_id, feed=change is not None)
 
@@ -747,7 +619,7 @@ class SQLiteStore(SQLiteBranches):
         )
 
     async def last_sequence(self, execution_id: str) -> int:
-        row = self._reader().execute(_LAST_SEQUENCE, (execution_id,)).fetchone()
+        row = self._reader().execute(LAST_SEQUENCE, (execution_id,)).fetchone()
         return -1 if row is None or row[0] is None else int(row[0])
 
     async def acquire_fence(self, execution_id: str) -> int:
@@ -808,55 +680,7 @@ class SQLiteStore(SQLiteBranches):
 
     # ---------------------------------------------------------------- ExecutionIndex
 
-    async def list_executions(self, query: ExecutionQuery) -> ExecutionPage:
-        """See :meth:`loom.storage.ExecutionIndex.list_executions`."""
-        where, params = where_clause(query, "?", paged=True)
-        limit = max(query.limit, 1)
-        rows = (
-            self._reader()
-            .execute(
-                f"SELECT {SUMMARY_COLUMNS} FROM loom_executions{where} "
-                "ORDER BY created_at DESC, execution_id DESC LIMIT ?",
-                (*params, limit + 1),
-            )
-            .fetchall()
-        )
-        items = [summary_from_row(r) for r in rows[:limit]]
-        more = len(rows) > limit
-        return ExecutionPage(items, encode_page_cursor(items[-1]) if more else None)
-
-    async def count_executions(self, query: ExecutionQuery) -> int:
-        """See :meth:`loom.storage.ExecutionIndex.count_executions`."""
-        where, params = where_clause(query, "?", paged=False)
-        row = self._reader().execute(f"SELECT count(*) FROM loom_executions{where}", params)
-        return int(row.fetchone()[0])
-
-    async def get_summary(self, execution_id: str) -> ExecutionSummary | None:
-        """See :meth:`loom.storage.ExecutionIndex.get_summary`."""
-        row = (
-            self._reader()
-            .execute(
-                f"SELECT {SUMMARY_COLUMNS} FROM loom_executions WHERE execution_id = ?",
-                (execution_id,),
-            )
-            .fetchone()
-        )
-        return None if row is None else summary_from_row(row)
-
-    async def changes(
-        self, after: int, limit: int = 100, *, id_prefix: str = ""
-    ) -> list[ExecutionSummary]:
-        """See :meth:`loom.storage.ExecutionIndex.changes`."""
-        rows = (
-            self._reader()
-            .execute(
-                f"SELECT {SUMMARY_COLUMNS} FROM loom_executions WHERE cursor > ? "
-                "AND substr(execution_id, 1, ?) = ? ORDER BY cursor LIMIT ?",
-                (after, len(id_prefix), id_prefix, max(limit, 1)),
-            )
-            .fetchall()
-        )
-        return [summary_from_row(r) for r in rows]
+    # The list, count, summary and feed reads are in ``_sqlite_index``.
 
     async def _last_cursor(self, _key: str = "") -> int:
         row = self._reader().execute("SELECT max(cursor) FROM loom_executions").fetchone()
@@ -951,210 +775,7 @@ class SQLiteStore(SQLiteBranches):
             return whole
         return merge_segments(whole, [(r[1], r[2], r[3], r[4]) for r in rows[1:]])
 
-    # ---------------------------------------------------------------- TimerStore
-
-    async def schedule_timer(self, timer: Timer) -> None:
-        row = (timer.execution_id, timer.position, timer.fire_at, timer.kind, timer.flow_id)
-
-        def apply(conn: sqlite3.Connection) -> None:
-            conn.execute(
-                "INSERT INTO loom_timers (execution_id, position, fire_at, kind, flow_id) "
-                "VALUES (?, ?, ?, ?, ?) ON CONFLICT (execution_id, position) DO UPDATE SET "
-                "fire_at = excluded.fire_at, kind = excluded.kind, flow_id = excluded.flow_id, "
-                "claimed_by = NULL, claimed_until = 0",
-                row,
-            )
-
-        await self._submit(apply, None)
-
-    async def claim_due_timers(
-        self,
-        now: float,
-        *,
-        owner: str,
-        lease: float,
-        limit: int = 100,
-        prefix: str = "",
-        flow_ids: Collection[str] | None = None,
-    ) -> list[Timer]:
-        # The claim runs inside BEGIN IMMEDIATE: SQLite's write lock makes it exclusive across
-        # every process using the file.
-        flows = None if flow_ids is None else sorted(set(flow_ids))
-        if flows == []:
-            return []
-        by_flow = "" if flows is None else f"AND flow_id IN ({', '.join('?' * len(flows))}) "
-
-        def apply(conn: sqlite3.Connection) -> list[Timer]:
-            rows = conn.execute(
-                "SELECT execution_id, position, fire_at, kind, flow_id FROM loom_timers "
-                "WHERE fire_at <= ? AND claimed_until <= ? "
-                f"AND substr(execution_id, 1, ?) = ? {by_flow}"
-                "ORDER BY fire_at, execution_id, position LIMIT ?",
-                (now, now, len(prefix), prefix, *(flows or ()), limit),
-            ).fetchall()
-            conn.executemany(
-                "UPDATE loom_timers SET claimed_by = ?, claimed_until = ? "
-                "WHERE execution_id = ? AND position = ?",
-                [(owner, now + lease, r[0], r[1]) for r in rows],
-            )
-            return [Timer(r[0], r[1], r[2], r[3], r[4]) for r in rows]
-
-        result: list[Timer] = await self._submit(apply, None)
-        return result
-
-    # ---------------------------------------------------------------- LeaseStore
-
-    async def renew_lease(
-        self, execution_id: str, *, holder: str, fence: int, expires_at: float
-    ) -> bool:
-        def apply(conn: sqlite3.Connection) -> bool:
-            changed = conn.execute(
-                "INSERT INTO loom_leases (execution_id, holder, fence, expires_at) "
-                "VALUES (?, ?, ?, ?) ON CONFLICT (execution_id) DO UPDATE SET "
-                "holder = excluded.holder, fence = excluded.fence, "
-                "expires_at = excluded.expires_at WHERE excluded.fence >= loom_leases.fence",
-                (execution_id, holder, fence, expires_at),
-            ).rowcount
-            return bool(changed)
-
-        result: bool = await self._submit(apply, None)
-        return result
-
-    async def release_lease(self, execution_id: str, *, holder: str) -> None:
-        def apply(conn: sqlite3.Connection) -> None:
-            conn.execute(
-                "DELETE FROM loom_leases WHERE execution_id = ? AND holder = ?",
-                (execution_id, holder),
-            )
-
-        await self._submit(apply, None)
-
-    async def lease_expiry(self, execution_id: str) -> float | None:
-        row = (
-            self._reader()
-            .execute("SELECT expires_at FROM loom_leases WHERE execution_id = ?", (execution_id,))
-            .fetchone()
-        )
-        return None if row is None else float(row[0])
-
-    async def complete_timer(self, timer: Timer) -> None:
-        def apply(conn: sqlite3.Connection) -> None:
-            conn.execute(
-                "DELETE FROM loom_timers WHERE execution_id = ? AND position = ?",
-                (timer.execution_id, timer.position),
-            )
-
-        await self._submit(apply, None)
-
-    async def complete_timers(self, timers: Sequence[Timer]) -> None:
-        rows = [(t.execution_id, t.position) for t in timers]
-        if not rows:
-            return
-
-        def apply(conn: sqlite3.Connection) -> None:
-            conn.executemany(
-                "DELETE FROM loom_timers WHERE execution_id = ? AND position = ?", rows
-            )
-
-        await self._submit(apply, None)
-
-    async def cancel_timers(self, execution_id: str) -> int:
-        def apply(conn: sqlite3.Connection) -> int:
-            return conn.execute(
-                "DELETE FROM loom_timers WHERE execution_id = ?", (execution_id,)
-            ).rowcount
-
-        result: int = await self._submit(apply, None)
-        return result
-
-    async def next_timer_due(self, prefix: str = "") -> float | None:
-        row = (
-            self._reader()
-            .execute(
-                "SELECT min(fire_at) FROM loom_timers WHERE substr(execution_id, 1, ?) = ?",
-                (len(prefix), prefix),
-            )
-            .fetchone()
-        )
-        return None if row is None or row[0] is None else float(row[0])
-
-    # ---------------------------------------------------------------- MailboxStore
-
-    async def put_message(self, message: Message) -> Message:
-        text = encode_json(message.payload, limits=self.limits, what="message payload")
-        eid, mid = message.execution_id, message.message_id
-
-        def apply(conn: sqlite3.Connection) -> Message:
-            row = conn.execute(
-                "SELECT event_type, payload, sent_at FROM loom_mailbox "
-                "WHERE execution_id = ? AND message_id = ?",
-                (eid, mid),
-            ).fetchone()
-            if row is not None:
-                return Message(eid, mid, row[0], decode_json(row[1]), row[2])
-            conn.execute(
-                "INSERT INTO loom_mailbox (execution_id, message_id, seq, event_type, payload,"
-                " sent_at) VALUES (?, ?, (SELECT coalesce(max(seq), 0) + 1 FROM loom_mailbox"
-                " WHERE execution_id = ?), ?, ?, ?)",
-                (eid, mid, eid, message.event_type, text, message.sent_at),
-            )
-            return Message(eid, mid, message.event_type, decode_json(text), message.sent_at)
-
-        stored: Message = await self._submit(apply, None)
-        return stored
-
-    async def pending_messages(
-        self, execution_id: str, event_type: str, *, limit: int = 100
-    ) -> list[Message]:
-        rows = (
-            self._reader()
-            .execute(
-                "SELECT message_id, payload, sent_at FROM loom_mailbox WHERE execution_id = ? "
-                "AND event_type = ? AND consumed = 0 ORDER BY seq LIMIT ?",
-                (execution_id, event_type, limit),
-            )
-            .fetchall()
-        )
-        return [Message(execution_id, r[0], event_type, decode_json(r[1]), r[2]) for r in rows]
-
-    async def consume_message(self, execution_id: str, message_id: str) -> None:
-        def apply(conn: sqlite3.Connection) -> None:
-            conn.execute(
-                "UPDATE loom_mailbox SET consumed = 1 WHERE execution_id = ? AND message_id = ?",
-                (execution_id, message_id),
-            )
-
-        await self._submit(apply, None)
-
     # ---------------------------------------------------------------- lifecycle
-
-    async def put_blobs(self, blobs: Mapping[str, bytes], *, namespace: str = "") -> None:
-        """Store content-addressed blobs (idempotent; group-committed like appends)."""
-        check_blobs(blobs)
-        rows = [(namespace, key, bytes(data)) for key, data in blobs.items()]
-        if not rows:
-            return
-
-        def apply(conn: sqlite3.Connection) -> None:
-            conn.executemany(
-                "INSERT OR IGNORE INTO loom_blobs (namespace, hash, data) VALUES (?, ?, ?)", rows
-            )
-
-        await self._submit(apply, None)
-
-    async def get_blobs(self, hashes: Iterable[str], *, namespace: str = "") -> dict[str, bytes]:
-        wanted = check_hashes(hashes)
-        found: dict[str, bytes] = {}
-        conn = self._reader()
-        for start in range(0, len(wanted), 500):
-            chunk = wanted[start : start + 500]
-            marks = ",".join("?" * len(chunk))
-            for key, data in conn.execute(
-                f"SELECT hash, data FROM loom_blobs WHERE namespace = ? AND hash IN ({marks})",
-                (namespace, *chunk),
-            ):
-                found[key] = bytes(data)
-        return found
 
     async def close(self) -> None:
         if self._closed:
