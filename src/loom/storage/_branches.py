@@ -88,6 +88,15 @@ def check_target(execution_id: str) -> None:
         raise ConfigurationError(f"{problem} (got {execution_id!r})")
 
 
+def check_new_ref(name: str, execution_id: str, tip: int, fork_sequence: int | None) -> None:
+    """What every store checks before ``put_ref`` touches anything (one rule, three stores)."""
+    check_ref_name(name)
+    check_target(execution_id)
+    check_tip(tip)
+    if fork_sequence is not None:
+        check_tip(fork_sequence, "fork sequence")
+
+
 @dataclass(frozen=True, slots=True)
 class BranchRef:
     """A named point of an execution: ``(execution_id, tip)``.

@@ -22,8 +22,8 @@ from loom.storage._branches import (
     REF_COLUMNS,
     BranchRef,
     check_move,
+    check_new_ref,
     check_ref_name,
-    check_target,
     check_tip,
     lineage,
     promoted,
@@ -98,11 +98,7 @@ class PostgresBranches:
         fork_sequence: int | None = None,
     ) -> BranchRef:
         """See :meth:`loom.storage.BranchRegistry.put_ref`."""
-        check_ref_name(name)
-        check_target(execution_id)
-        check_tip(tip)
-        if fork_sequence is not None:
-            check_tip(fork_sequence, "fork sequence")
+        check_new_ref(name, execution_id, tip, fork_sequence)
         ref = BranchRef(name, execution_id, tip, forked_from, fork_sequence, updated_at=time.time())
 
         async def work(conn: Conn) -> BranchRef:

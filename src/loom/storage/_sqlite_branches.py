@@ -19,8 +19,8 @@ from loom.storage._branches import (
     REF_COLUMNS,
     BranchRef,
     check_move,
+    check_new_ref,
     check_ref_name,
-    check_target,
     check_tip,
     lineage,
     promoted,
@@ -73,11 +73,7 @@ class SQLiteBranches:
         fork_sequence: int | None = None,
     ) -> BranchRef:
         """See :meth:`loom.storage.BranchRegistry.put_ref`."""
-        check_ref_name(name)
-        check_target(execution_id)
-        check_tip(tip)
-        if fork_sequence is not None:
-            check_tip(fork_sequence, "fork sequence")
+        check_new_ref(name, execution_id, tip, fork_sequence)
 
         def apply(conn: sqlite3.Connection) -> BranchRef:
             existing = _get(conn, name)

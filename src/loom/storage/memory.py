@@ -26,8 +26,8 @@ from loom.storage._blobs import check_blobs, check_hashes
 from loom.storage._branches import (
     BranchRef,
     check_move,
+    check_new_ref,
     check_ref_name,
-    check_target,
     check_tip,
     lineage,
     promoted,
@@ -422,11 +422,7 @@ class InMemoryStore:
         forked_from: str | None = None,
         fork_sequence: int | None = None,
     ) -> BranchRef:
-        check_ref_name(name)
-        check_target(execution_id)
-        check_tip(tip)
-        if fork_sequence is not None:
-            check_tip(fork_sequence, "fork sequence")
+        check_new_ref(name, execution_id, tip, fork_sequence)
         self._check_open()
         with self._lock:
             existing = self._refs.get(name)
