@@ -99,3 +99,10 @@ async def backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterat
             yield b
         finally:
             await b.close()
+
+
+@pytest.fixture
+async def physical(backend: Backend) -> Store:
+    """A physical store over ``backend`` (memory / SQLite / PostgreSQL), for tests of what is
+    layered on one, such as the tenant view."""
+    return backend.store()

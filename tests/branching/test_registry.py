@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -61,24 +60,6 @@ async def test_postgres_store_passes_the_branch_kit() -> None:
         finally:
             for i in range(next(_n) + 1):
                 await PostgresStore.drop_schema(dsn, f"{schema}_{i}")
-
-
-@pytest.fixture(params=["memory", "sqlite", "postgres"])
-async def physical(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Any]:
-    if request.param == "memory":
-        yield InMemoryStore()
-    elif request.param == "sqlite":
-        store = SQLiteStore(tmp_path / "t.db")
-        yield store
-        await store.close()
-    else:
-        dsn = require_pg()
-        from loom.storage.postgres import PostgresStore
-
-        async with temp_schema(dsn) as schema:
-            store = await PostgresStore.open(dsn, schema=schema)
-            yield store
-            await store.close()
 
 
 async def test_tenant_view_passes_the_kit_and_tenants_never_see_each_other(physical: Any) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -52,24 +51,6 @@ async def test_postgres_store_passes_the_blob_kit() -> None:
             return await PostgresStore.open(dsn, schema=schema)
 
         await run_blob_store_conformance(make)
-
-
-@pytest.fixture(params=["memory", "sqlite", "postgres"])
-async def physical(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Any]:
-    if request.param == "memory":
-        yield InMemoryStore()
-    elif request.param == "sqlite":
-        store = SQLiteStore(tmp_path / "t.db")
-        yield store
-        await store.close()
-    else:
-        dsn = require_pg()
-        from loom.storage.postgres import PostgresStore
-
-        async with temp_schema(dsn) as schema:
-            store = await PostgresStore.open(dsn, schema=schema)
-            yield store
-            await store.close()
 
 
 async def test_tenant_view_passes_the_kit_and_tenants_never_see_each_other(physical: Any) -> None:

@@ -2,35 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 import loom
-from loom.storage import InMemoryStore, SQLiteStore, TenantScopedEventStore, Timer, TimerStore
+from loom.storage import TenantScopedEventStore, Timer, TimerStore
 from loom.testing import TIMER_CHECKS, SkippingClock
-from tests.support.pg import require_pg, temp_schema
-
-
-@pytest.fixture(params=["memory", "sqlite", "postgres"])
-async def physical(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Any]:
-    if request.param == "memory":
-        yield InMemoryStore()
-    elif request.param == "sqlite":
-        store = SQLiteStore(tmp_path / "t.db")
-        yield store
-        await store.close()
-    else:
-        from loom.storage.postgres import PostgresStore
-
-        dsn = require_pg()
-        async with temp_schema(dsn) as schema:
-            store = await PostgresStore.open(dsn, schema=schema)
-            yield store
-            await store.close()
 
 
 @pytest.mark.parametrize("check", sorted(TIMER_CHECKS))
