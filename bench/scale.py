@@ -1,7 +1,7 @@
 """How Loom's costs grow: log length, snapshots, suspended executions, worker processes.
 
     python -m bench.scale [--lengths 100,1000,10000] [--suspended 2000] [--procs 1,2,4]
-    python -m bench.scale --suspended 0 --procs ''    # the log-length table only
+    python -m bench.scale --suspended 0 --procs '' --listing ''   # the log-length table only
 
 Tables (printed) and plots (``bench/results/scale-*.png``, when matplotlib from the ``bench``
 extra is installed):
@@ -17,6 +17,9 @@ extra is installed):
   own bytes (linear growth keeps the ratio flat).
 * **memory per suspended execution**: Python heap (tracemalloc) per execution after starting
   N executions that suspend at a gate, with the runtime still holding them.
+* **listing vs execution count**: the execution index's first and next page (keyset cursor) of
+  suspended executions, and a count, as the store grows to each of ``--listing`` executions
+  (filled through the real write path, every other one suspended), on SQLite and PostgreSQL.
 * **throughput vs processes** on PostgreSQL: P processes each running 3-step flows for a fixed
   time; total flows/s (skipped without a server).
 
@@ -222,6 +225,71 @@ async def memory_per_suspended(n: int, tmp: Path) -> dict[str, float]:
     return {"executions": n, "bytes_per_execution": used / n}
 
 
+async def _listing_rows(
+    name: str, store: Any, counts: list[int], rounds: int
+) -> list[dict[str, Any]]:
+    from bench.index import _batch, timed
+
+    from loom.storage import ExecutionQuery
+
+    now = time.time() - max(counts) * 1e-3
+    rows: list[dict[str, Any]] = []
+    filled = 0
+    suspended = ExecutionQuery(statuses=["suspended"], limit=50)
+    for n in counts:
+        for lo in range(filled, n, 500):
+            await asyncio.gather(
+                *(
+                    store.take_over(_batch(i, now), from_fence=0)
+                    for i in range(lo, min(n, lo + 500))
+                )
+            )
+        filled = n
+        first = await store.list_executions(suspended)
+        nxt = ExecutionQuery(statuses=["suspended"], limit=50, cursor=first.next_cursor)
+        row: dict[str, Any] = {"store": name, "executions": n}
+        for key, fn in (
+            ("first_page_ms", lambda: store.list_executions(suspended)),
+            ("next_page_ms", lambda q=nxt: store.list_executions(q)),
+            ("count_ms", lambda: store.count_executions(suspended)),
+        ):
+            await fn()  # warm
+            row[key] = (await timed(fn, rounds))[0]
+        rows.append(row)
+        print(
+            f"  {name:<10} {n:>9,} executions   first page {row['first_page_ms']:7.2f} ms"
+            f"   next page {row['next_page_ms']:7.2f} ms   count {row['count_ms']:8.2f} ms",
+            flush=True,
+        )
+    return rows
+
+
+async def listing_by_count(counts: list[int], rounds: int = 30) -> list[dict[str, Any]]:
+    """Listing's cost as the index grows: it should stay flat (a page is one index range)."""
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        store = loom.SQLiteStore(Path(tmp) / "listing.db", synchronous="NORMAL")
+        try:
+            rows += await _listing_rows("sqlite", store, counts, rounds)
+        finally:
+            await store.close()
+    try:
+        from loom.storage.postgres import PostgresStore
+
+        schema = f"bench_listing_{os.getpid()}"
+        await PostgresStore.drop_schema(PG_DSN, schema)
+        pg = await PostgresStore.open(PG_DSN, schema=schema)
+    except Exception as exc:
+        print(f"  PostgreSQL rows skipped: {exc!r}")
+        return rows
+    try:
+        rows += await _listing_rows("postgres", pg, counts, rounds)
+    finally:
+        await pg.close()
+        await PostgresStore.drop_schema(PG_DSN, schema)
+    return rows
+
+
 _CHILD = """
 import asyncio, sys, time
 import loom
@@ -295,7 +363,11 @@ def throughput_by_processes(procs: list[int], seconds: float) -> list[dict[str, 
     return rows
 
 
-def plot(length_rows: list[dict[str, Any]], proc_rows: list[dict[str, Any]]) -> None:
+def plot(
+    length_rows: list[dict[str, Any]],
+    proc_rows: list[dict[str, Any]],
+    listing_rows: list[dict[str, Any]] | None = None,
+) -> None:
     try:
         import matplotlib
 
@@ -338,6 +410,20 @@ def plot(length_rows: list[dict[str, Any]], proc_rows: list[dict[str, Any]]) -> 
         ax.set_ylabel("three-step flows/s")
         fig.tight_layout()
         fig.savefig(RESULTS / "scale-processes.png", dpi=110)
+    if listing_rows:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for name in sorted({r["store"] for r in listing_rows}):
+            rows = [r for r in listing_rows if r["store"] == name]
+            xs = [r["executions"] for r in rows]
+            ax.plot(xs, [r["first_page_ms"] for r in rows], "o-", label=f"{name}, first page")
+            ax.plot(xs, [r["next_page_ms"] for r in rows], "s--", label=f"{name}, next page")
+        ax.set_xscale("log")
+        ax.set_xlabel("executions in the store")
+        ax.set_ylabel("ms per page of 50 suspended")
+        ax.set_ylim(bottom=0)
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(RESULTS / "scale-listing.png", dpi=110)
     print(f"plots written to {RESULTS}/scale-*.png")
 
 
@@ -361,6 +447,11 @@ def main(args: argparse.Namespace) -> None:
             f"\nMemory per suspended execution (Python heap, {mem['executions']:,} held by one "
             f"runtime): {mem['bytes_per_execution'] / 1024:.1f} KiB"
         )
+    listing = [int(x) for x in args.listing.split(",") if x]
+    listing_rows: list[dict[str, Any]] = []
+    if listing:
+        print("\nListing against execution count (the execution index, page of 50):")
+        listing_rows = asyncio.run(listing_by_count(listing))
     proc_rows: list[dict[str, Any]] = []
     if procs:
         print("\nThroughput against worker processes (PostgreSQL):")
@@ -368,15 +459,24 @@ def main(args: argparse.Namespace) -> None:
     print(f"load average {os.getloadavg()[0]:.1f}")
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "scale.json").write_text(
-        json.dumps({"log_length": length_rows, "memory": mem, "processes": proc_rows}, indent=1)
+        json.dumps(
+            {
+                "log_length": length_rows,
+                "memory": mem,
+                "listing": listing_rows,
+                "processes": proc_rows,
+            },
+            indent=1,
+        )
     )
-    plot(length_rows, proc_rows)
+    plot(length_rows, proc_rows, listing_rows)
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--lengths", default="100,1000,10000")
     parser.add_argument("--suspended", type=int, default=2000)
+    parser.add_argument("--listing", default="1000,10000,100000")
     parser.add_argument("--procs", default="1,2,4")
     parser.add_argument("--seconds", type=float, default=5.0)
     main(parser.parse_args())
