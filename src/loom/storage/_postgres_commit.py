@@ -9,7 +9,10 @@
   fails every caller in the batch with one ``StorageWriteError`` (cause attached); nothing
   partial commits.
 * A lone write is one statement in autocommit: one round trip, the same as a bare
-  ``INSERT`` + ``COMMIT``; coalescing costs a lone writer nothing.
+  ``INSERT`` + ``COMMIT``; coalescing costs a lone writer nothing. The writer keeps one pooled
+  connection checked out for its batches (and its statements prepared on it), so a step pays no
+  pool hand-over; it goes back to the pool when anything fails on it, and batches running
+  alongside take pooled connections as before.
 * A connection lost *while committing* leaves the outcome unknown. The store then asks the
   database (from a fresh connection, after waiting out the dead transaction's row lock) whether
   the batch landed, and answers every caller accordingly, so "acknowledged" means durable and
@@ -27,6 +30,7 @@ from typing import Any, Literal
 
 import psycopg
 import psycopg.errors
+from psycopg.pq import TransactionStatus
 from psycopg_pool import AsyncConnectionPool
 
 from loom import faults
@@ -103,6 +107,9 @@ class PostgresWriter:
         self._closed = closed
         self._waiters = waiters
         self._check_task: asyncio.Task[None] | None = None
+        #: The connection this writer keeps out of the pool for its batches (see _acquire).
+        self._held: Conn | None = None
+        self._held_busy = False
         self.engine: GroupCommit[PostgresWrite] = GroupCommit(
             self._run_batch,
             coalesce=group_commit,
@@ -128,25 +135,29 @@ class PostgresWriter:
                 await task
             except (asyncio.CancelledError, psycopg.Error):
                 pass
+        await self._return_held()
 
     async def _run_batch(self, batch: list[PostgresWrite]) -> None:
-        # Requests of different executions are independent, so they may run in any order; one
-        # global order (by id, stable for one execution's requests) means batches of several
-        # processes lock heads rows in the same order and cannot deadlock each other. An
-        # execution's timer rows come after its heads row, for the same reason (a batch holds
-        # only writes that were pending at once, so none of them waits for another).
-        batch.sort(key=lambda r: (r.execution_id, r.kind == "timer"))
+        if len(batch) > 1:
+            # Requests of different executions are independent, so they may run in any order;
+            # one global order (by id, stable for one execution's requests) means batches of
+            # several processes lock heads rows in the same order and cannot deadlock each
+            # other. An execution's timer rows come after its heads row, for the same reason (a
+            # batch holds only writes that were pending at once, so none waits for another).
+            batch.sort(key=lambda r: (r.execution_id, r.kind == "timer"))
         try:
             try:
                 faults.hit("before_append")
-                pool = self._pool()
-                if pool is None:
-                    raise StorageWriteError(f"the PostgreSQL store ({self.schema}) is closed")
-                async with pool.connection() as conn:
+                conn, held = await self._acquire()
+                failed = True
+                try:
                     if len(batch) == 1:
                         committed = await self._run_single(conn, batch[0])
                     else:
                         committed = await self._run_many(conn, batch)
+                    failed = False
+                finally:
+                    await self._release(conn, held, failed)
             except Exception as exc:
                 # Nothing of this batch was committed (commit failures are resolved inside).
                 self.check_pool()
@@ -170,13 +181,70 @@ class PostgresWriter:
             if notify:
                 self._waiters.notify(notify)
 
+    async def _acquire(self) -> tuple[Conn, bool]:
+        """A connection for one batch, and whether it is the writer's held one.
+
+        The first batch to find the held connection free takes it (checking one out of the
+        pool if none is held); a batch running alongside it takes a pooled one. A pool of one
+        connection is left to the reads between batches.
+        """
+        pool = self._pool()
+        if pool is None:
+            raise StorageWriteError(f"the PostgreSQL store ({self.schema}) is closed")
+        if not self._held_busy and (self._held is not None or pool.max_size > 1):
+            self._held_busy = True
+            if self._held is None:
+                try:
+                    self._held = await pool.getconn()
+                except BaseException:
+                    self._held_busy = False
+                    raise
+            return self._held, True
+        return await pool.getconn(), False
+
+    async def _release(self, conn: Conn, held: bool, failed: bool) -> None:
+        """Keep the held connection for the next batch if all went well; otherwise hand it
+        back to the pool, which rolls back whatever is open, or drops it if it is dead."""
+        if held:
+            self._held_busy = False
+            if (
+                not failed
+                and conn.pgconn.transaction_status == TransactionStatus.IDLE
+                and not self._closed()
+            ):
+                return
+            self._held = None
+        pool = self._pool()
+        if pool is None:
+            await conn.close()
+            return
+        if failed and not _lost(conn):
+            try:
+                await conn.rollback()  # what the pool's own connection() does on an error
+            except psycopg.Error:
+                pass
+        await pool.putconn(conn)
+
+    async def _return_held(self) -> None:
+        """Hand the held connection back to the pool (the pool is checking its connections,
+        or the store is closing)."""
+        held = self._held
+        if held is None or self._held_busy:
+            return  # the batch using it hands it back itself if anything fails on it
+        self._held = None
+        pool = self._pool()
+        if pool is None:
+            await held.close()
+        else:
+            await pool.putconn(held)
+
     async def _run_single(self, conn: Conn, req: PostgresWrite) -> bool:
         # A lone write is one autocommit statement: the statement and its COMMIT are one round
         # trip, so ``before_commit`` is crossed just before it (a crash there, as at any point
         # before COMMIT, leaves nothing written).
         faults.hit("before_commit")
         try:
-            cur = await conn.execute(req.sql, req.params)
+            cur = await conn.execute(req.sql, req.params, prepare=True)
             row = await cur.fetchone()
         except psycopg.Error as exc:
             if _lost(conn):
@@ -194,7 +262,7 @@ class PostgresWriter:
                 cursors = []
                 for req in batch:
                     cur = conn.cursor()
-                    await cur.execute(req.sql, req.params)
+                    await cur.execute(req.sql, req.params, prepare=True)
                     cursors.append(cur)
                 await pipeline.sync()
                 rows = [await cur.fetchone() for cur in cursors]
@@ -370,6 +438,7 @@ class PostgresWriter:
 
     async def _run_pool_check(self, pool: AsyncConnectionPool[Conn]) -> None:
         try:
+            await self._return_held()  # checked with the others, not trusted blindly
             await pool.check()
         except psycopg.Error:
             pass  # the pool keeps reconnecting by itself; the next caller will see the error
