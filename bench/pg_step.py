@@ -37,14 +37,49 @@ import loom
 from loom.model import Envelope, EventType
 from loom.storage.postgres import PostgresStore
 
-PG_DSN = os.environ.get(
+APP = "loom_pgstep"
+_BASE_DSN = os.environ.get(
     "LOOM_BENCH_PG_DSN",
     os.environ.get("LOOM_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test"),
 )
+# Every connection of this run is tagged, so that its server processes can be found.
+PG_DSN = _BASE_DSN + ("&" if "?" in _BASE_DSN else "?") + f"application_name={APP}"
 PAYLOAD = json.dumps({"position": 123, "step_id": "inc", "attempt": 1, "output": 124, "t": 0.0})
 FLOOR_TABLE = "floor_rows"
 
 _waits = 0
+#: The server processes of this run's connections (see _refresh_backends).
+_backends: list[int] = []
+
+
+def _schedstat(pid: int | str) -> tuple[int, int]:
+    """(ns on a CPU, ns waiting for one) of a process, from the kernel's scheduler stats."""
+    try:
+        with open(f"/proc/{pid}/schedstat") as f:
+            run, wait, _ = f.read().split()
+    except OSError:
+        return 0, 0  # not on this machine (a remote server) or gone
+    return int(run), int(wait)
+
+
+def _refresh_backends(conn: psycopg.Connection[Any]) -> None:
+    rows = conn.execute(
+        "SELECT pid FROM pg_stat_activity WHERE application_name = %s", (APP,)
+    ).fetchall()
+    _backends[:] = [int(r[0]) for r in rows]
+
+
+class Snap:
+    """The counters at one moment: wall, this process's CPU, round trips, scheduler stats of
+    this process and of the server processes serving it."""
+
+    def __init__(self) -> None:
+        self.wall = time.perf_counter()
+        self.cpu = time.process_time()
+        self.waits = _waits
+        self.client = _schedstat("self")
+        server = [_schedstat(pid) for pid in _backends]
+        self.server = (sum(r for r, _ in server), sum(w for _, w in server))
 
 
 def _counted(gen: Any) -> Any:
@@ -98,18 +133,24 @@ class Row:
         self.wall: list[float] = []
         self.cpu: list[float] = []
         self.trips: list[float] = []
+        self.server_cpu: list[float] = []
+        self.runq: list[float] = []
         self.server: float | None = None
 
     async def measure(self, steps: int, body: Callable[[int], Awaitable[None]]) -> None:
-        w, c, t = _waits, time.process_time(), time.perf_counter()
+        start = Snap()
         await body(steps)
-        self.add(steps, w, c, t)
+        self.add(steps, start)
 
-    def add(self, steps: int, waits0: int, cpu0: float, wall0: float) -> None:
-        """Record ``steps`` steps measured from the counters' values ``*0``."""
-        self.wall.append((time.perf_counter() - wall0) / steps * 1e6)
-        self.cpu.append((time.process_time() - cpu0) / steps * 1e6)
-        self.trips.append((_waits - waits0) / steps)
+    def add(self, steps: int, start: Snap) -> None:
+        """Record ``steps`` steps measured from ``start``."""
+        end = Snap()
+        self.wall.append((end.wall - start.wall) / steps * 1e6)
+        self.cpu.append((end.cpu - start.cpu) / steps * 1e6)
+        self.trips.append((end.waits - start.waits) / steps)
+        self.server_cpu.append((end.server[0] - start.server[0]) / steps / 1e3)
+        waited = end.client[1] - start.client[1] + end.server[1] - start.server[1]
+        self.runq.append(waited / steps / 1e3)
 
 
 async def server_time(conn: psycopg.AsyncConnection[Any], sql: str, params: Any, n: int) -> float:
@@ -204,11 +245,12 @@ async def run(steps: int, rounds: int) -> list[Row]:
             first = envelopes(eid, fence, n + 1)
             await store.append(first[:1])
             params = [raw_params(store, e) for e in first[1:]]
-            w, c, t = _waits, time.process_time(), time.perf_counter()
+            _refresh_backends(sync_conn)
+            start = Snap()
             for p in params:
-                cur = await stmt_conn.execute(sql, p)
+                cur = await stmt_conn.execute(sql, p, prepare=True)
                 await cur.fetchone()
-            rows[f"append statement, notify={'on' if notify else 'off'}"].add(n, w, c, t)
+            rows[f"append statement, notify={'on' if notify else 'off'}"].add(n, start)
 
         return body
 
@@ -219,10 +261,11 @@ async def run(steps: int, rounds: int) -> list[Row]:
             eid, fence = await fresh(store, f"store{int(notify)}")
             evs = envelopes(eid, fence, n + 1)
             await store.append(evs[:1])
-            w, c, t = _waits, time.process_time(), time.perf_counter()
+            _refresh_backends(sync_conn)
+            start = Snap()
             for e in evs[1:]:
                 await store.append([e])
-            rows[f"store.append, notify={'on' if notify else 'off'}"].add(n, w, c, t)
+            rows[f"store.append, notify={'on' if notify else 'off'}"].add(n, start)
 
         return body
 
@@ -252,6 +295,7 @@ async def run(steps: int, rounds: int) -> list[Row]:
             row.wall, row.cpu, row.trips = [], [], []
         for _ in range(rounds):
             for name, body in plain:
+                _refresh_backends(sync_conn)
                 await rows[name].measure(steps if "runtime" not in name else 200, body)
             for _, body in timed_inside:
                 await body(steps)
@@ -285,21 +329,34 @@ async def run(steps: int, rounds: int) -> list[Row]:
 
 
 def report(rows: list[Row], steps: int, rounds: int) -> None:
-    floor = statistics.median(rows[0].wall)
+    med = statistics.median
+    floor = rows[0]
+    floor_wall = med(floor.wall)
+    floor_cpu = med(floor.cpu) + med(floor.server_cpu)
     load = os.getloadavg()
     print(
         f"\nPostgreSQL per-step breakdown: {rounds} rounds x {steps} steps, median round; "
         f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
     )
-    header = f"{'':32} {'wall µs':>8} {'x floor':>8} {'CPU µs':>7} {'trips':>6} {'server µs':>10}"
+    print(
+        "client/server CPU: this process / its server processes on a CPU; run queue: both "
+        "waiting for a CPU;\nthe rest of wall is waiting on I/O (the commit's WAL flush) and "
+        "on each other; stmt: EXPLAIN ANALYZE's execution time"
+    )
+    header = (
+        f"{'µs per step':32} {'wall':>7} {'x floor':>7} {'client':>7} {'server':>7} "
+        f"{'CPU x fl':>8} {'run q':>7} {'trips':>5} {'stmt':>6}"
+    )
     print(header)
     print("-" * len(header))
     for r in rows:
-        wall = statistics.median(r.wall)
-        server = f"{r.server:10.1f}" if r.server is not None else f"{'':10}"
+        wall = med(r.wall)
+        cpu = med(r.cpu) + med(r.server_cpu)
+        stmt = f"{r.server:6.1f}" if r.server is not None else f"{'':6}"
         print(
-            f"{r.name:32} {wall:8.1f} {wall / floor:8.2f} {statistics.median(r.cpu):7.1f} "
-            f"{statistics.median(r.trips):6.2f} {server}"
+            f"{r.name:32} {wall:7.1f} {wall / floor_wall:7.2f} {med(r.cpu):7.1f} "
+            f"{med(r.server_cpu):7.1f} {cpu / floor_cpu:8.2f} {med(r.runq):7.1f} "
+            f"{med(r.trips):5.2f} {stmt}"
         )
 
 

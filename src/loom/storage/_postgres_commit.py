@@ -313,10 +313,11 @@ class PostgresWriter:
         return True
 
     def _settle(self, req: PostgresWrite, row: tuple[Any, ...] | None) -> bool:
-        """Turn a statement's row into the request's result or refusal.
+        """Turn a statement's row into the request's result.
 
-        Returns True when the head the statement saw does not explain the refusal (a concurrent
-        commit changed it after the statement's snapshot) and must be read again.
+        Returns True when an event write wrote nothing: the head must be read to name its
+        refusal (the statement returns only its count, the price of a refusal being one more
+        read rather than every append reading the head back).
         """
         if req.kind == "fence":
             assert row is not None
@@ -330,11 +331,7 @@ class PostgresWriter:
             req.result = int(row[0])
             return False
         assert row is not None
-        inserted, _, head_fence, head_next = row
-        if inserted == req.count:
-            return False
-        req.error = _refusal(req, head_fence or 0, head_next or 0)
-        return req.error is None
+        return bool(row[0] != req.count)
 
     async def _reread_head(self, conn: Conn, req: PostgresWrite) -> None:
         cur = await conn.execute(self._sql.head, (req.execution_id,))

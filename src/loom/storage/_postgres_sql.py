@@ -153,8 +153,9 @@ MIGRATIONS: dict[int, tuple[Step, ...]] = {
 }
 
 # One statement per append or take-over. The INSERT reads from the head write's RETURNING, so a
-# refused one (0 rows moved) writes nothing and needs no rollback. The head is returned for the
-# refusal.
+# refused one (0 rows moved) writes nothing and needs no rollback. It returns how many events it
+# wrote; a refused one (rare) reads the head afterwards to name its refusal, rather than every
+# append reading it back.
 _APPEND = """
 WITH moved AS (
     {moved}
@@ -164,8 +165,7 @@ WITH moved AS (
     {rows}
     RETURNING 1
 ){index}
-SELECT (SELECT count(*) FROM ins), {notify}, h.fence, h.next_sequence
-FROM (SELECT 1) AS one LEFT JOIN {{s}}.heads AS h ON h.execution_id = %(eid)s
+SELECT (SELECT count(*) FROM ins), {notify}
 """
 
 _NOTIFY = "(SELECT count(pg_notify(%(channel)s, %(note)s)) FROM moved)"
