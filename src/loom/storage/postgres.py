@@ -94,6 +94,8 @@ def _storable(value: str, what: str) -> None:
     # both before the write is queued, so one bad request never reaches a shared batch.
     if "\x00" in value:
         raise PayloadError(f"{what} contains a NUL character, which PostgreSQL cannot store")
+    if value.isascii():  # O(1) in CPython, and ASCII text always encodes: the usual case
+        return
     try:
         value.encode()
     except UnicodeEncodeError as exc:
@@ -819,8 +821,9 @@ class PostgresStore(PostgresBranches):
         return await self._submit(req)
 
     async def _submit(self, req: PostgresWrite) -> Any:
-        await self._ensure_open()
-        return await self._writer.submit(req)
+        if self._pool is None or asyncio.get_running_loop() is not self._loop:
+            await self._ensure_open()  # opens the pool, or refuses another loop
+        return await self._writer.engine.submit(req)
 
     # ---------------------------------------------------------------- lifecycle
 
