@@ -126,12 +126,20 @@ async def load(store: Store, cmd: dict[str, Any]) -> dict[str, Any]:
                         "attempt": execution_id,
                         "seq": seq,
                         "eids": [e.envelope_id for e in batch],
+                        "sums": [e.checksum() for e in batch],
                         **describe(exc),
                     }
                 )
                 seq = await settle(store, execution_id) + 1  # learn what landed, go on
                 continue
-            emit({"attempt": execution_id, "seq": seq, "eids": [e.envelope_id for e in batch]})
+            emit(
+                {
+                    "attempt": execution_id,
+                    "seq": seq,
+                    "eids": [e.envelope_id for e in batch],
+                    "sums": [e.checksum() for e in batch],
+                }
+            )
             seq += 2
 
     await asyncio.gather(*(writer(i, f) for i, f in zip(cmd["ids"], cmd["fences"], strict=True)))
@@ -149,13 +157,22 @@ async def load(store: Store, cmd: dict[str, Any]) -> dict[str, Any]:
                         "attempt": execution_id,
                         "seq": seq,
                         "eids": [final.envelope_id],
+                        "sums": [final.checksum()],
                         **describe(exc),
                     }
                 )
                 if time.monotonic() > end:
                     raise
                 continue
-            emit({"attempt": execution_id, "seq": seq, "eids": [final.envelope_id], "final": True})
+            emit(
+                {
+                    "attempt": execution_id,
+                    "seq": seq,
+                    "eids": [final.envelope_id],
+                    "sums": [final.checksum()],
+                    "final": True,
+                }
+            )
             break
     return {"done": True}
 

@@ -22,6 +22,7 @@ from loom.storage.postgres import SCHEMA_VERSION, PostgresStore
 from loom.testing import TIMER_CHECKS, SkippingClock
 from loom.testing._store_conformance import env
 from tests.children.timer_service import nap_until
+from tests.support.old_schema import PG_EVENTS_BEFORE_RUNG_10
 from tests.support.pg import require_pg, temp_schema
 from tests.support.poll import until
 from tests.support.proc import Child
@@ -114,6 +115,8 @@ async def _version_1_schema(dsn: str, schema: str) -> None:
     await _sql(dsn, f'DROP TABLE "{schema}".mailbox')  # and what version 7 added
     await _sql(dsn, f'DROP TABLE "{schema}".refs')  # and what version 8 added
     await _sql(dsn, f'DROP TABLE "{schema}".snapshot_segments')  # and what version 9 added
+    for statement in PG_EVENTS_BEFORE_RUNG_10:  # and what version 10 changed
+        await _sql(dsn, statement.format(s=f'"{schema}"'))
     await _sql(dsn, f"UPDATE \"{schema}\".meta SET value = '1' WHERE key = 'schema_version'")
 
 

@@ -24,6 +24,7 @@ from loom.errors import (
 from loom.model import ExecutionStatus, replay
 from loom.storage import ExecutionQuery, SQLiteStore, open_store
 from loom.storage._schema import SCHEMA_VERSION
+from tests.support.old_schema import pg_events_before_rung_10, sqlite_events_before_rung_10
 from tests.support.pg import require_pg, temp_schema
 
 
@@ -85,6 +86,7 @@ def _downgrade_sqlite(path: Path) -> None:
     conn.execute("DROP TABLE loom_mailbox")  # and what version 7 added
     conn.execute("DROP TABLE loom_refs")  # and what version 8 added
     conn.execute("DROP TABLE loom_snapshot_segments")  # and what version 9 added
+    sqlite_events_before_rung_10(conn)
     conn.execute("UPDATE loom_meta SET value = '1' WHERE key = 'schema_version'")
     conn.commit()
     conn.close()
@@ -251,6 +253,7 @@ async def test_postgres_migrates_in_place_and_back_fills_the_index(tmp_path: Pat
             await conn.execute(f'DROP TABLE "{schema}".mailbox')  # and what version 7 added
             await conn.execute(f'DROP TABLE "{schema}".refs')  # and what version 8 added
             await conn.execute(f'DROP TABLE "{schema}".snapshot_segments')  # version 9
+            await pg_events_before_rung_10(conn, f'"{schema}"')  # version 10
             await conn.execute(f"UPDATE \"{schema}\".meta SET value = '2'")
         with pytest.raises(SchemaVersionError, match="never migrates"):
             await open_store(f"{dsn}?schema={schema}", read_only=True)

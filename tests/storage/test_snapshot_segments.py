@@ -22,6 +22,7 @@ from loom.model import encode_json, replay
 from loom.storage import InMemoryStore, Snapshot, SnapshotSegments, Store
 from loom.storage._common import SNAPSHOT_LIMITS, validate_snapshot
 from tests.conftest import Backend
+from tests.support.old_schema import sqlite_events_before_rung_10
 
 
 @loom.step(id="grow")
@@ -256,6 +257,7 @@ async def test_an_old_single_row_snapshot_still_loads(tmp_path: Any) -> None:
     conn = sqlite3.connect(path)
     with conn:
         conn.execute("DROP TABLE loom_snapshot_segments")
+        sqlite_events_before_rung_10(conn)
         conn.execute("UPDATE loom_meta SET value = '8' WHERE key = 'schema_version'")
     conn.close()
     again = SQLiteStore(path)

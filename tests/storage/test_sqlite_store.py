@@ -12,6 +12,7 @@ import pytest
 from loom.errors import StorageWriteError
 from loom.model import Envelope, EventType
 from loom.storage import SQLiteStore
+from tests.support.old_schema import sqlite_events_before_rung_10
 
 
 def env(eid: str, seq: int, fence: int, size: int = 10) -> Envelope:
@@ -232,6 +233,7 @@ async def test_a_version_4_file_migrates_in_place_and_its_executions_go_on(
     conn.execute("DROP TABLE loom_mailbox")
     conn.execute("DROP TABLE loom_refs")
     conn.execute("DROP TABLE loom_snapshot_segments")
+    sqlite_events_before_rung_10(conn)
     conn.execute("UPDATE loom_meta SET value = '4' WHERE key = 'schema_version'")
     conn.commit()
     tail = conn.execute("SELECT max(sequence) FROM loom_events").fetchone()[0]

@@ -18,6 +18,7 @@ from typing import Any
 
 import psycopg
 
+from loom.model import derived_envelope_id
 from loom.storage import SQLiteStore, Store
 from loom.storage.postgres import PostgresStore
 from loom.testing._store_conformance import env
@@ -32,6 +33,11 @@ __all__ = [
     "stale_holder",
     "terminate_under_load",
 ]
+
+
+def record_key(envelope_id: str, checksum: str) -> str:
+    """One attempt's envelope: its id and checksum (which covers its time and payload)."""
+    return f"{envelope_id}@{checksum}"
 
 
 @dataclass(frozen=True)
@@ -51,22 +57,33 @@ class Target:
             return SQLiteStore(self.location)
         return await PostgresStore.open(self.location, schema=self.schema)
 
-    def log(self) -> dict[str, list[tuple[int, str, int]]]:
-        """Every execution's (sequence, envelope_id, fence) rows, read with plain SQL."""
+    def _rows(self) -> list[tuple[str, int, str, int, str]]:
+        """(execution_id, sequence, envelope_id, fence, checksum) of every stored event."""
+        columns = "execution_id, sequence, envelope_id, fence, checksum"
         if self.backend == "sqlite":
             with sqlite3.connect(self.location) as conn:
-                rows = conn.execute(
-                    "SELECT execution_id, sequence, envelope_id, fence FROM loom_events"
-                ).fetchall()
+                rows = conn.execute(f"SELECT {columns} FROM loom_events").fetchall()
         else:
             with psycopg.connect(self.location) as pg:
-                rows = pg.execute(
-                    f'SELECT execution_id, sequence, envelope_id, fence FROM "{self.schema}".events'
-                ).fetchall()
+                rows = pg.execute(f'SELECT {columns} FROM "{self.schema}".events').fetchall()
+        # An empty stored id is the record's derived one (schema rung 10).
+        return [
+            (e, seq, i or derived_envelope_id(e, seq, fence), fence, checksum)
+            for e, seq, i, fence, checksum in sorted(rows)
+        ]
+
+    def log(self) -> dict[str, list[tuple[int, str, int]]]:
+        """Every execution's (sequence, envelope_id, fence) rows, read with plain SQL."""
         out: dict[str, list[tuple[int, str, int]]] = {}
-        for execution_id, seq, envelope_id, fence in sorted(rows):
+        for execution_id, seq, envelope_id, fence, _ in self._rows():
             out.setdefault(execution_id, []).append((seq, envelope_id, fence))
         return out
+
+    def records(self) -> dict[str, tuple[str, int]]:
+        """{record key: (execution_id, sequence)}: a key (see ``record_key``) names one
+        attempt's envelope, where a derived envelope id alone is shared by every attempt at
+        the same sequence and fence."""
+        return {record_key(i, s): (e, seq) for e, seq, i, _, s in self._rows()}
 
 
 class StoreChild(Child):
@@ -268,14 +285,14 @@ def terminate_under_load(
                     else:
                         out.terminated += terminate(target.location, tag)
     log = target.log()
-    stored = {eid: (i, seq) for i, rows in log.items() for seq, eid, _ in rows}
+    stored = target.records()
     for i in ids:
         sequences = [seq for seq, _, _ in log.get(i, [])]
         if sequences != list(range(len(sequences))):
             out.violations.append(f"{i}: log not dense: {sequences}")
     attempted: set[str] = set()
     for a in attempts:
-        eids = a["eids"]
+        eids = [record_key(i, c) for i, c in zip(a["eids"], a["sums"], strict=True)]
         attempted.update(eids)
         present = [eid in stored for eid in eids]
         if "error" not in a:

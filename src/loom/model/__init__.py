@@ -11,7 +11,9 @@ from loom.model._events import (
     Envelope,
     EventType,
     ExecutionStatus,
+    derived_envelope_id,
     execution_id_problem,
+    has_derived_form,
     new_envelope_id,
 )
 from loom.model._fold import apply_event, replay
@@ -86,9 +88,11 @@ __all__ = [
     "apply_event",
     "checksum",
     "decode_json",
+    "derived_envelope_id",
     "encode_json",
     "event_type_of",
     "execution_id_problem",
+    "has_derived_form",
     "new_envelope_id",
     "register_event",
     "registered_event_types",

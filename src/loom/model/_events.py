@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import os
+import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -13,7 +14,15 @@ from loom.errors import UnknownEventError
 from loom.model._codec import DEFAULT_LIMITS, PayloadLimits, checksum, encode_json
 from loom.model._registry import event_type_of, lookup
 
-__all__ = ["TERMINAL_STATUSES", "Envelope", "EventType", "ExecutionStatus", "new_envelope_id"]
+__all__ = [
+    "TERMINAL_STATUSES",
+    "Envelope",
+    "EventType",
+    "ExecutionStatus",
+    "derived_envelope_id",
+    "has_derived_form",
+    "new_envelope_id",
+]
 
 
 class EventType(enum.StrEnum):
@@ -56,8 +65,31 @@ TERMINAL_STATUSES = frozenset(
 
 
 def new_envelope_id() -> str:
-    """A unique id whose time-ordered prefix keeps the store's uniqueness index append-mostly."""
+    """A unique random id with a time-ordered prefix (message ids, execution ids, and the
+    envelope ids of a take-over, which racers at one fence must not share)."""
     return f"{time.time_ns():016x}{os.urandom(8).hex()}"
+
+
+def derived_envelope_id(execution_id: str, sequence: int, fence: int) -> str:
+    """The id of an envelope built without one: ``f"{execution_id}#{sequence}.{fence}"``.
+
+    Unique because (execution, sequence) is (a log has one record per sequence), so a store
+    need not index it: it stores an empty id for a record carrying its own derived id and
+    rebuilds it on reading, and only explicit ids pay for a uniqueness index. The fence is
+    part of it so that a record of a fenced-out writer never shares its id with the record
+    that replaced it. It starts with the execution id, so a tenant view's scoping (a prefix
+    on both) maps derived ids to derived ids. Injective: the text after the last ``#`` holds
+    no ``#``.
+    """
+    return f"{execution_id}#{sequence}.{fence}"
+
+
+_DERIVED_TAIL = re.compile(r"#(?:0|[1-9][0-9]*)\.(?:0|[1-9][0-9]*)\Z")
+
+
+def has_derived_form(envelope_id: str) -> bool:
+    """Whether ``envelope_id`` is the derived id of some (execution, sequence, fence)."""
+    return _DERIVED_TAIL.search(envelope_id) is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,11 +127,12 @@ class Envelope:
         envelope_id: str | None = None,
         limits: PayloadLimits = DEFAULT_LIMITS,
     ) -> Envelope:
-        """Build an envelope from a wire payload, encoding (and so validating) it up front."""
+        """Build an envelope from a wire payload, encoding (and so validating) it up front.
+        Without ``envelope_id`` it gets its derived id (:func:`derived_envelope_id`)."""
         kind = as_event_type(type)
         text = encode_json(payload, limits=limits, what=f"{kind} payload")
         return cls(
-            envelope_id or new_envelope_id(),
+            envelope_id or f"{execution_id}#{sequence}.{fence}",
             execution_id,
             sequence,
             kind,
@@ -121,12 +154,13 @@ class Envelope:
         envelope_id: str | None = None,
         limits: PayloadLimits = DEFAULT_LIMITS,
     ) -> Envelope:
-        """Build an envelope from a typed payload of a registered event type."""
+        """Build an envelope from a typed payload of a registered event type (without
+        ``envelope_id``: its derived id, inlined here as every step builds one)."""
         kind = event_type_of(event)
         wire = event.to_wire()
         text = encode_json(wire, limits=limits, what=f"{kind} payload")
         return cls(
-            envelope_id or new_envelope_id(),
+            envelope_id or f"{execution_id}#{sequence}.{fence}",
             execution_id,
             sequence,
             kind,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -25,6 +26,7 @@ from loom.model import (
     UIPatched,
     apply_event,
     encode_json,
+    new_envelope_id,
 )
 from loom.runtime._clock import Clock
 from loom.runtime._intercept import CallNext
@@ -287,7 +289,12 @@ class Driver:
         ExecutionAlreadyExistsError) when another holder moved first."""
         async with self.lock:
             self.fence = from_fence + 1
-            envelopes = self.build(events)
+            # Every racer builds fence from_fence + 1 at the same sequence, so their derived
+            # ids would match: random ones keep their records distinct, and a lost COMMIT's
+            # check (PostgreSQL: is MY record there?) never takes the winner's for its own.
+            envelopes = [
+                dataclasses.replace(e, envelope_id=new_envelope_id()) for e in self.build(events)
+            ]
             await _store_call(
                 self.store.take_over(envelopes, from_fence=from_fence), self.state.execution_id
             )

@@ -8,6 +8,7 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 
 from loom.errors import (
     CorruptEventError,
+    DuplicateEnvelopeIdError,
     DuplicateSequenceError,
     ExecutionAlreadyExistsError,
     ExecutionEndedError,
@@ -26,7 +27,7 @@ from loom.model import (
     checksum,
     decode_json,
 )
-from loom.model._events import as_event_type
+from loom.model._events import as_event_type, has_derived_form
 from loom.model._state import state_from_stored
 from loom.storage._spi import Snapshot
 
@@ -36,6 +37,8 @@ __all__ = [
     "Waiters",
     "already_exists",
     "batch_head",
+    "check_explicit_id",
+    "check_reserved",
     "check_snapshot",
     "check_take_over",
     "decode_envelope",
@@ -43,6 +46,7 @@ __all__ = [
     "ended",
     "merge_segments",
     "refusal_for",
+    "reserved_ids",
     "segment_checksum",
     "snapshot_checksum",
     "take_over_refusal",
@@ -73,11 +77,58 @@ def batch_head(envelopes: Sequence[Envelope]) -> tuple[str, int, int]:
             raise ValueError("an append batch must carry one fence")
         if not env.payload_json:
             raise ValueError("envelopes must be built with Envelope.create (payload not encoded)")
+        if env.envelope_id != f"{env.execution_id}#{env.sequence}.{env.fence}":
+            check_explicit_id(env)
     if first.sequence < 0:
         raise ValueError("sequences start at 0")
     if first.fence < 1:
         raise ValueError("envelopes must carry a fence from acquire_fence() (fences start at 1)")
     return first.execution_id, first.sequence, first.fence
+
+
+def check_explicit_id(env: Envelope) -> None:
+    """Refuse an explicit envelope id that stores cannot keep unique cheaply.
+
+    Stores index only explicit ids; a derived id (``derived_envelope_id``) is unique through
+    the log's (execution, sequence) key and is stored empty. So an explicit id must never have
+    the derived form (it could name a record not yet written, whose own id would then collide
+    unseen): it is refused whatever the store's state, before anything is written, as the
+    duplicate it would be. An empty id is malformed (it is how a derived id is stored)."""
+    if not isinstance(env.envelope_id, str) or not env.envelope_id:
+        raise ValueError("an envelope id must be a non-empty string")
+    if has_derived_form(env.envelope_id):
+        raise DuplicateEnvelopeIdError(
+            f"envelope id {env.envelope_id!r} has the derived form (execution#sequence.fence) "
+            "of another record's id; only that record may carry it",
+            execution_id=env.execution_id,
+            hint="Leave envelope_id unset to get the record's own derived id",
+        )
+
+
+#: The meta key under which schema rung 10 kept the ids it found reserved (see reserved_ids).
+RESERVED_KEY = "reserved_envelope_ids"
+
+
+def reserved_ids(rows: Iterable[tuple[str, str, int, int]]) -> list[str]:
+    """Of stored (envelope_id, execution_id, sequence, fence) rows, the explicit ids that have
+    the derived form of ANOTHER record's id. Only a log written before schema rung 10 can hold
+    one (since then such an id is refused on the way in), so rung 10 lists them once and the
+    list never changes; a derived id on it is a duplicate the uniqueness index cannot see."""
+    return sorted(
+        i
+        for i, e, s, f in rows
+        if isinstance(i, str) and has_derived_form(i) and i != f"{e}#{s}.{f}"
+    )
+
+
+def check_reserved(envelopes: Sequence[Envelope], reserved: frozenset[str]) -> None:
+    """Refuse a derived id that a record written before schema rung 10 already carries."""
+    for env in envelopes:
+        if env.envelope_id in reserved:
+            raise DuplicateEnvelopeIdError(
+                f"envelope id {env.envelope_id!r} is already stored",
+                execution_id=env.execution_id,
+            )
 
 
 def check_take_over(envelopes: Sequence[Envelope], from_fence: int) -> tuple[str, int]:
@@ -218,6 +269,8 @@ def decode_envelope(
             execution_id=execution_id,
             sequence=sequence,
         )
+    if not envelope_id:  # stored empty: the record's derived id, which the checksum covers
+        envelope_id = f"{execution_id}#{sequence}.{fence}"
     env = Envelope(
         envelope_id,
         execution_id,

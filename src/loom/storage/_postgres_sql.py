@@ -9,6 +9,7 @@ transactional in PostgreSQL). A schema written by a newer Loom is refused.
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ import psycopg
 
 from loom.errors import NotALoomDatabaseError, SchemaVersionError, StorageError
 from loom.model._summary import SUMMARY_EVENT_TYPES
-from loom.storage._common import TERMINAL_SQL
+from loom.storage._common import RESERVED_KEY, TERMINAL_SQL, reserved_ids
 from loom.storage._index import SUMMARY_COLUMNS, backfill_rows
 from loom.storage._schema import SCHEMA_VERSION
 
@@ -34,6 +35,7 @@ __all__ = [
     "Statements",
     "check_schema",
     "cursor_lock_key",
+    "load_reserved",
     "migrate",
     "migration_lock_key",
     "notify_channel",
@@ -65,6 +67,28 @@ async def _backfill(conn: Conn, s: str, where: str) -> None:
                 rows,
             )
         await conn.execute(f"SELECT setval('{s}.executions_cursor', %s)", (len(rows),))
+
+
+async def _reserve(conn: Conn, s: str, where: str) -> None:
+    """Rung 10: keep the explicit ids of the derived form of another record (see
+    ``_common.reserved_ids``) before such ids stop being indexed as derived ones are."""
+    cur = await conn.execute(
+        f"SELECT envelope_id, execution_id, sequence, fence FROM {s}.events "
+        "WHERE envelope_id LIKE '%#%.%'"
+    )
+    reserved = reserved_ids(await cur.fetchall())
+    if reserved:
+        await conn.execute(
+            f"INSERT INTO {s}.meta (key, value) VALUES (%s, %s)",
+            (RESERVED_KEY, json.dumps(reserved)),
+        )
+
+
+async def load_reserved(conn: Conn, schema: str) -> frozenset[str]:
+    """The reserved envelope ids rung 10 found (almost always none)."""
+    cur = await conn.execute(f'SELECT value FROM "{schema}".meta WHERE key = %s', (RESERVED_KEY,))
+    row = await cur.fetchone()
+    return frozenset() if row is None else frozenset(json.loads(row[0]))
 
 
 # Statements that take a database from version N-1 to N. Version 1 creates everything it had. Ids
@@ -149,6 +173,16 @@ MIGRATIONS: dict[int, tuple[Step, ...]] = {
         'CREATE TABLE {s}.snapshot_segments (execution_id text COLLATE "C" NOT NULL,'
         " sequence bigint NOT NULL, base bigint NOT NULL, state text NOT NULL,"
         " checksum text NOT NULL, PRIMARY KEY (execution_id, sequence))",
+    ),
+    # Lean envelope ids (see loom.storage._schema): a derived id is stored empty and only
+    # explicit ids are indexed, so a plain step's insert maintains the primary key alone.
+    # Stored ids stay as they are (an explicit id equal to its own record's derived id reads
+    # back the same either way).
+    10: (
+        _reserve,
+        "ALTER TABLE {s}.events DROP CONSTRAINT events_envelope_id_key",
+        'CREATE UNIQUE INDEX events_envelope_id ON {s}.events (envelope_id COLLATE "C")'
+        " WHERE envelope_id <> ''",
     ),
 }
 

@@ -21,10 +21,16 @@ bump here; a rung that does not apply to one dialect is an empty tuple there.
 8. branch refs (``refs``: named (execution, sequence) points, moved by compare-and-swap).
 9. snapshot segments (``snapshot_segments``: what changed since the snapshot below, chained by
    ``base``; ``snapshots`` keeps the whole one they lay on, so old rows still load as they are).
+10. lean envelope ids: an envelope carrying its derived id (``execution#sequence.fence``, the
+    default) is stored with an empty id and rebuilt on reading, and uniqueness is a partial
+    index over the explicit ids only, so a plain step writes no index (SQLite rebuilds its
+    events table to drop rung 1's automatic index). Explicit ids of the derived form are
+    refused from now on; any written before are kept as ``reserved_envelope_ids`` in the meta
+    table.
 """
 
 from __future__ import annotations
 
 __all__ = ["SCHEMA_VERSION"]
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10

@@ -53,7 +53,11 @@ class EventStore(Protocol):
             nothing exists, and a newer fence was taken by a holder that has not written;
           * ``StaleFenceError`` - the fence is not the current one (a newer holder exists);
           * ``DuplicateSequenceError`` - the first sequence is not the next one (gap/repeat);
-          * ``DuplicateEnvelopeIdError`` - an envelope id is already stored;
+          * ``DuplicateEnvelopeIdError`` - an envelope id is already stored, or an explicit
+            one has the derived form (``execution#sequence.fence``) of another record's id
+            (see ``loom.model.derived_envelope_id``; refused before anything else is checked);
+          * ``ValueError`` - a malformed batch (mixed executions or fences, a gap inside it,
+            an empty envelope id);
           * ``StorageWriteError`` - the store could not commit (I/O, connection); its
             ``__cause__`` is the underlying error. Nothing was written, unless its
             ``outcome`` is ``WriteOutcome.UNKNOWN`` (a network store lost the answer to its

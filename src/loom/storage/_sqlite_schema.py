@@ -8,15 +8,17 @@ the schema complete. A rung is a tuple of steps: SQL text, or a function of the 
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from collections.abc import Callable
 
 from loom.errors import NotALoomDatabaseError, SchemaVersionError
 from loom.model._summary import SUMMARY_EVENT_TYPES
+from loom.storage._common import RESERVED_KEY, reserved_ids
 from loom.storage._index import SUMMARY_COLUMNS, backfill_rows
 from loom.storage._schema import SCHEMA_VERSION
 
-__all__ = ["MIGRATIONS", "check_readable", "migrate"]
+__all__ = ["MIGRATIONS", "check_readable", "load_reserved", "migrate"]
 
 Step = str | Callable[[sqlite3.Connection, str], None]
 
@@ -109,6 +111,51 @@ _V9: tuple[Step, ...] = (
     " checksum TEXT NOT NULL, PRIMARY KEY (execution_id, sequence)) WITHOUT ROWID",
 )
 
+_EVENTS_V10 = (
+    "CREATE TABLE loom_events (execution_id TEXT NOT NULL, sequence INTEGER NOT NULL,"
+    " envelope_id TEXT NOT NULL, type TEXT NOT NULL, payload TEXT NOT NULL,"
+    " recorded_at REAL NOT NULL, fence INTEGER NOT NULL, checksum TEXT NOT NULL,"
+    " PRIMARY KEY (execution_id, sequence)) WITHOUT ROWID"
+)
+
+
+def _lean_events(conn: sqlite3.Connection, where: str) -> None:
+    """Rung 10: derived envelope ids are stored empty and only explicit ids are indexed.
+
+    The column-level UNIQUE of rung 1 is an automatic index that no DDL drops, so the table is
+    rebuilt: rows are copied in key order with a record's own derived id emptied (every other
+    id verbatim; the checksums cover the rebuilt id, so they still verify), then the partial
+    index takes over the explicit ids' uniqueness. Explicit ids of the derived form of another
+    record (refused since this rung) are kept in loom_meta: see ``_common.reserved_ids``."""
+    reserved = reserved_ids(
+        conn.execute(
+            "SELECT envelope_id, execution_id, sequence, fence FROM loom_events "
+            "WHERE envelope_id GLOB '*#[0-9]*.[0-9]*'"
+        )
+    )
+    conn.execute("ALTER TABLE loom_events RENAME TO loom_events_v9")
+    conn.execute(_EVENTS_V10)
+    conn.execute(
+        "INSERT INTO loom_events (execution_id, sequence, envelope_id, type, payload,"
+        " recorded_at, fence, checksum) SELECT execution_id, sequence, CASE WHEN envelope_id ="
+        " execution_id || '#' || sequence || '.' || fence THEN '' ELSE envelope_id END, type,"
+        " payload, recorded_at, fence, checksum FROM loom_events_v9 ORDER BY execution_id,"
+        " sequence"
+    )
+    conn.execute("DROP TABLE loom_events_v9")
+    if reserved:
+        conn.execute(
+            "INSERT INTO loom_meta (key, value) VALUES (?, ?)", (RESERVED_KEY, json.dumps(reserved))
+        )
+
+
+# A plain step's row carries an empty id, so it never touches this index.
+_V10: tuple[Step, ...] = (
+    _lean_events,
+    "CREATE UNIQUE INDEX loom_events_envelope_id ON loom_events (envelope_id)"
+    " WHERE envelope_id <> ''",
+)
+
 #: Steps that take a database from version N-1 to N.
 MIGRATIONS: dict[int, tuple[Step, ...]] = {
     1: _V1,
@@ -120,6 +167,7 @@ MIGRATIONS: dict[int, tuple[Step, ...]] = {
     7: _V7,
     8: _V8,
     9: _V9,
+    10: _V10,
 }
 
 
@@ -180,6 +228,12 @@ def migrate(conn: sqlite3.Connection, where: str) -> int:
     except BaseException:
         conn.execute("ROLLBACK")
         raise
+
+
+def load_reserved(conn: sqlite3.Connection) -> frozenset[str]:
+    """The reserved envelope ids rung 10 found (almost always none)."""
+    row = conn.execute("SELECT value FROM loom_meta WHERE key = ?", (RESERVED_KEY,)).fetchone()
+    return frozenset() if row is None else frozenset(json.loads(row[0]))
 
 
 def check_readable(conn: sqlite3.Connection, where: str) -> None:

@@ -119,10 +119,13 @@ def ended_refusal(
 
 
 def event_row(e: Envelope) -> tuple[Any, ...]:
+    """The stored row; a derived envelope id is stored empty (see ``derived_envelope_id``),
+    so a plain step writes the events table's B-tree and no index (schema rung 10)."""
+    eid = e.envelope_id
     return (
         e.execution_id,
         e.sequence,
-        e.envelope_id,
+        "" if eid == f"{e.execution_id}#{e.sequence}.{e.fence}" else eid,
         str(e.type),
         e.payload_json,
         e.recorded_at,

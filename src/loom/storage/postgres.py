@@ -2,8 +2,9 @@
 
 * Every invariant is enforced by the database, never by process memory: an append is one
   fence-guarded ``UPDATE heads ... WHERE fence = %s AND next_sequence = %s`` (0 rows -> the head
-  is read and :func:`refusal_for` names the exact refusal), envelope ids are a ``UNIQUE``
-  constraint, fences are an atomic ``INSERT ... ON CONFLICT DO UPDATE SET fence = fence + 1``.
+  is read and :func:`refusal_for` names the exact refusal), explicit envelope ids are a
+  partial ``UNIQUE`` index (a derived id is stored empty: the primary key makes it unique),
+  fences are an atomic ``INSERT ... ON CONFLICT DO UPDATE SET fence = fence + 1``.
 * Writes are group-committed in pipeline mode; a connection lost while committing is resolved
   by asking the database (``loom.storage._postgres_commit``).
 * ``wait_for_append`` is woken by ``pg_notify`` inside the append transaction, received on a
@@ -53,6 +54,7 @@ from loom.storage._common import (
     SNAPSHOT_LIMITS,
     Waiters,
     batch_head,
+    check_reserved,
     check_snapshot,
     check_take_over,
     decode_envelope,
@@ -80,6 +82,7 @@ from loom.storage._postgres_sql import (
     IndexWrite,
     check_schema,
     cursor_lock_key,
+    load_reserved,
     migrate,
     notify_channel,
     statements,
@@ -174,6 +177,8 @@ class PostgresStore(PostgresBranches):
         self.notify = notify
         self.read_only = read_only
         self._sql = statements(schema, notify=notify)
+        #: Derived ids a log written before schema rung 10 already holds (nearly always none).
+        self._reserved: frozenset[str] = frozenset()
         self._channel = notify_channel(schema)
         self._cursor_lock = cursor_lock_key(schema)
         self._pool: AsyncConnectionPool[Conn] | None = None
@@ -271,6 +276,7 @@ class PostgresStore(PostgresBranches):
                     await check_schema(conn, self.schema, self._where())
                 else:
                     await migrate(conn, self.schema, self._where())
+                    self._reserved = await load_reserved(conn, self.schema)
         except psycopg.Error as exc:
             await pool.close()
             raise StorageError(
@@ -363,6 +369,13 @@ class PostgresStore(PostgresBranches):
         self._writable()
         execution_id = envelopes[0].execution_id
         _storable(execution_id, "execution id")
+        if self._reserved:
+            check_reserved(envelopes, self._reserved)
+        # A derived id is stored empty (schema rung 10): the partial index skips it.
+        ids = [
+            "" if e.envelope_id == f"{execution_id}#{e.sequence}.{e.fence}" else e.envelope_id
+            for e in envelopes
+        ]
         for e in envelopes:
             _storable(e.envelope_id, "envelope id")
             _storable(e.payload_json, "payload")
@@ -402,15 +415,13 @@ class PostgresStore(PostgresBranches):
                 _storable(text, "summary field")
         if len(envelopes) == 1:
             e = envelopes[0]
-            params.update(
-                id=e.envelope_id, type=str(e.type), payload=e.payload_json, at=e.recorded_at
-            )
+            params.update(id=ids[0], type=str(e.type), payload=e.payload_json, at=e.recorded_at)
             params["sum"] = sums[0]
             sql = self._sql.events(statement, one=True, index=index, blobs=bool(blobs))
         else:
             params.update(
                 seqs=[e.sequence for e in envelopes],
-                ids=[e.envelope_id for e in envelopes],
+                ids=ids,
                 types=[str(e.type) for e in envelopes],
                 payloads=[e.payload_json for e in envelopes],
                 ats=[e.recorded_at for e in envelopes],
@@ -429,7 +440,8 @@ class PostgresStore(PostgresBranches):
             first=first,
             fence=fence,
             count=len(envelopes),
-            probe=(envelopes[0].envelope_id, first, sums[0]),
+            # The id as stored: a lost COMMIT's probe matches the row itself.
+            probe=(ids[0], first, sums[0]),
         )
         await self._submit(req)
 

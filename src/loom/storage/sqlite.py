@@ -60,6 +60,7 @@ from loom.storage._common import (
     TERMINAL_TYPES,
     Waiters,
     batch_head,
+    check_reserved,
     check_snapshot,
     check_take_over,
     decode_envelope,
@@ -78,7 +79,7 @@ from loom.storage._schema import SCHEMA_VERSION
 from loom.storage._spi import Snapshot
 from loom.storage._sqlite_branches import SQLiteBranches
 from loom.storage._sqlite_index import SQLiteIndexReads
-from loom.storage._sqlite_schema import check_readable, migrate
+from loom.storage._sqlite_schema import check_readable, load_reserved, migrate
 from loom.storage._sqlite_sql import (
     LAST_SEQUENCE,
     append_check,
@@ -187,11 +188,14 @@ class SQLiteStore(SQLiteBranches, SQLiteIndexReads, SQLiteSideTables):
             conn = self._connect(setup=False)
         except sqlite3.Error as exc:
             raise NotALoomDatabaseError(f"cannot open {self.path} as SQLite: {exc}") from exc
+        #: Derived ids a log written before schema rung 10 already holds (nearly always none).
+        self._reserved: frozenset[str] = frozenset()
         try:
             if read_only:
                 check_readable(conn, self.path)
             else:
                 migrate(conn, self.path)
+                self._reserved = load_reserved(conn)
                 conn.execute("PRAGMA journal_mode = WAL")
         finally:
             conn.close()
@@ -476,6 +480,8 @@ class SQLiteStore(SQLiteBranches, SQLiteIndexReads, SQLiteSideTables):
     ) -> tuple[Callable[[sqlite3.Connection], None], str, bool]:
         """The append as a write for the writer: (apply, execution id, feeds the index)."""
         execution_id, first, fence = batch_head(envelopes)
+        if self._reserved:
+            check_reserved(envelopes, self._reserved)
         blob_rows = [(namespace, k, bytes(v)) for k, v in (blobs or {}).items()]
         rows = [event_row(e) for e in envelopes]
         change = summary_change(envelopes)
@@ -523,6 +529,8 @@ class SQLiteStore(SQLiteBranches, SQLiteIndexReads, SQLiteSideTables):
 
     async def take_over(self, envelopes: Sequence[Envelope], *, from_fence: int) -> None:
         execution_id, first = check_take_over(envelopes, from_fence)
+        if self._reserved:
+            check_reserved(envelopes, self._reserved)
         rows = [event_row(e) for e in envelopes]
         count = len(rows)
         change = summary_change(envelopes)

@@ -132,6 +132,8 @@ class TenantScopedEventStore:
         return key[len(self._prefix) :]
 
     def _scope_envelope(self, env: Envelope) -> Envelope:
+        if not env.envelope_id:  # scoped it would pass; every physical store refuses it
+            raise ValueError("an envelope id must be a non-empty string")
         return dataclasses.replace(
             env,
             execution_id=self._scope(env.execution_id),
