@@ -110,6 +110,8 @@ class PostgresWriter:
         #: The connection this writer keeps out of the pool for its batches (see _acquire).
         self._held: Conn | None = None
         self._held_busy = False
+        #: A cursor on it, reused: a new cursor per statement copies the adapters each time.
+        self._held_cursor: psycopg.AsyncCursor[tuple[Any, ...]] | None = None
         self.engine: GroupCommit[PostgresWrite] = GroupCommit(
             self._run_batch,
             coalesce=group_commit,
@@ -152,7 +154,8 @@ class PostgresWriter:
                 failed = True
                 try:
                     if len(batch) == 1:
-                        committed = await self._run_single(conn, batch[0])
+                        cur = self._held_cursor if held else None
+                        committed = await self._run_single(conn, batch[0], cur)
                     else:
                         committed = await self._run_many(conn, batch)
                     failed = False
@@ -199,6 +202,7 @@ class PostgresWriter:
                 except BaseException:
                     self._held_busy = False
                     raise
+                self._held_cursor = self._held.cursor()
             return self._held, True
         return await pool.getconn(), False
 
@@ -213,7 +217,7 @@ class PostgresWriter:
                 and not self._closed()
             ):
                 return
-            self._held = None
+            self._held = self._held_cursor = None
         pool = self._pool()
         if pool is None:
             await conn.close()
@@ -231,20 +235,24 @@ class PostgresWriter:
         held = self._held
         if held is None or self._held_busy:
             return  # the batch using it hands it back itself if anything fails on it
-        self._held = None
+        self._held = self._held_cursor = None
         pool = self._pool()
         if pool is None:
             await held.close()
         else:
             await pool.putconn(held)
 
-    async def _run_single(self, conn: Conn, req: PostgresWrite) -> bool:
+    async def _run_single(
+        self, conn: Conn, req: PostgresWrite, cur: psycopg.AsyncCursor[tuple[Any, ...]] | None
+    ) -> bool:
         # A lone write is one autocommit statement: the statement and its COMMIT are one round
         # trip, so ``before_commit`` is crossed just before it (a crash there, as at any point
         # before COMMIT, leaves nothing written).
         faults.hit("before_commit")
         try:
-            cur = await conn.execute(req.sql, req.params, prepare=True)
+            if cur is None:
+                cur = conn.cursor()
+            await cur.execute(req.sql, req.params, prepare=True)
             row = await cur.fetchone()
         except psycopg.Error as exc:
             if _lost(conn):
