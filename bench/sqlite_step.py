@@ -1,0 +1,175 @@
+"""A SQLite step's statements, raw: ``python -m bench.sqlite_step [--rounds 7] [--rows 500]``.
+
+No runtime and no store around them: ``sqlite3`` on warm WAL connections, one file each, rows
+interleaved round by round (a load change on a shared machine hits every row alike), medians:
+
+* ``floor``: ``BEGIN IMMEDIATE; INSERT`` into an ``INTEGER PRIMARY KEY`` table``; COMMIT``.
+* ``rung 9``: what a step ran before schema rung 10: ``BEGIN IMMEDIATE``, the append check
+  (``_sqlite_sql.APPEND_CHECK``: the head's fence and the log's tail), the event ``INSERT``
+  with a random envelope id into rung 1's table (its column ``UNIQUE`` is a second B-tree),
+  ``COMMIT``.
+* ``rung 10``: this build: the same check and ``INSERT`` with the derived id stored empty, into
+  the rebuilt table whose partial index holds explicit ids only.
+
+The event tables hold 20,000 rows of 100 other executions first, so the indexes are not tiny.
+Each commit's row (the envelope, its JSON and checksum) is built before the timed loop: only the
+statements are timed. Columns: wall and CPU (``time.process_time``) µs per commit, wall over the
+floor, and WAL frames per commit (pages appended to the WAL, over 300 more commits with
+checkpoints off).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sqlite3
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from loom.model import Envelope, EventType, StepCompleted, new_envelope_id
+from loom.storage._sqlite_schema import MIGRATIONS
+from loom.storage._sqlite_sql import APPEND_CHECK, INSERT_EVENT, event_row
+
+PAYLOAD = '{"position":1,"step_id":"noop","attempt":1,"output":null}'
+HEADS, EVENTS_V1 = MIGRATIONS[1][0], MIGRATIONS[1][1]
+EVENTS_V10 = EVENTS_V1.replace(" UNIQUE", "")
+PARTIAL = next(s for s in MIGRATIONS[10] if isinstance(s, str))
+assert "UNIQUE" in EVENTS_V1 and "WHERE envelope_id <> ''" in PARTIAL
+
+
+def _connect(path: Path, synchronous: str, ddl: list[str]) -> sqlite3.Connection:
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute(f"PRAGMA synchronous={synchronous}")
+    for statement in ddl:
+        conn.execute(statement)
+    return conn
+
+
+class Case:
+    """One variant: ``build(i)`` makes commit ``i``'s row (untimed), ``commit(row)`` writes it."""
+
+    def __init__(
+        self,
+        name: str,
+        conn: sqlite3.Connection,
+        build: Callable[[int], tuple[Any, ...]],
+        commit: Callable[[tuple[Any, ...]], None],
+    ) -> None:
+        self.name, self.conn, self.build, self.commit = name, conn, build, commit
+        self.next = 0
+        self.wall: list[float] = []
+        self.cpu: list[float] = []
+
+    def run(self, rows: int, keep: bool = True) -> None:
+        batch = [self.build(i) for i in range(self.next, self.next + rows)]
+        self.next += rows
+        commit = self.commit
+        start, cpu = time.perf_counter(), time.process_time()
+        for row in batch:
+            commit(row)
+        if keep:
+            self.wall.append((time.perf_counter() - start) / rows * 1e6)
+            self.cpu.append((time.process_time() - cpu) / rows * 1e6)
+
+    def frames(self, commits: int = 300) -> float:
+        self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        self.conn.execute("PRAGMA wal_autocheckpoint=0")
+        self.run(commits, keep=False)
+        path = self.conn.execute("PRAGMA database_list").fetchone()[2]
+        page = self.conn.execute("PRAGMA page_size").fetchone()[0]
+        size = os.path.getsize(path + "-wal")
+        self.conn.execute("PRAGMA wal_autocheckpoint=1000")
+        return float((size - 32) / (page + 24) / commits)
+
+
+def _event_case(name: str, conn: sqlite3.Connection, *, derived: bool) -> Case:
+    conn.execute("INSERT INTO loom_heads VALUES ('x', 1, 0)")
+    conn.execute("BEGIN")
+    for j in range(20_000):
+        other = Envelope.create(
+            f"old-{j // 200:03d}",
+            j % 200,
+            EventType.STEP_COMPLETED,
+            {"position": 1, "step_id": "noop", "attempt": 1, "output": None},
+            fence=1,
+            recorded_at=time.time(),
+            envelope_id=None if derived else new_envelope_id(),
+        )
+        conn.execute(INSERT_EVENT, event_row(other))
+    conn.execute("COMMIT")
+
+    def build(i: int) -> tuple[Any, ...]:
+        env = Envelope.of(
+            "x",
+            i,
+            StepCompleted(1, "noop", 1, None),
+            fence=1,
+            recorded_at=time.time(),
+            envelope_id=None if derived else new_envelope_id(),
+        )
+        return event_row(env)
+
+    def commit(row: tuple[Any, ...]) -> None:
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute(APPEND_CHECK, ("x",)).fetchone()
+        conn.execute(INSERT_EVENT, row)
+        conn.execute("COMMIT")
+
+    return Case(name, conn, build, commit)
+
+
+def main(rounds: int, rows: int) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        for synchronous in ("NORMAL", "FULL"):
+            d = Path(tmp) / synchronous
+            d.mkdir()
+            floor_conn = _connect(
+                d / "floor.db", synchronous, ["CREATE TABLE floor (id INTEGER PRIMARY KEY, p TEXT)"]
+            )
+
+            def floor_commit(row: tuple[Any, ...], conn: sqlite3.Connection = floor_conn) -> None:
+                conn.execute("BEGIN IMMEDIATE")
+                conn.execute("INSERT INTO floor (p) VALUES (?)", row)
+                conn.execute("COMMIT")
+
+            r9 = _connect(d / "r9.db", synchronous, [HEADS, EVENTS_V1])
+            r10 = _connect(d / "r10.db", synchronous, [HEADS, EVENTS_V10, PARTIAL])
+            cases = [
+                Case("floor", floor_conn, lambda i: (PAYLOAD,), floor_commit),
+                _event_case("rung 9", r9, derived=False),
+                _event_case("rung 10", r10, derived=True),
+            ]
+            for case in cases:
+                case.run(1000, keep=False)  # warm: the WAL reaches its steady size
+            for _ in range(rounds):
+                for case in cases:
+                    case.run(rows)
+            frames = {case.name: case.frames() for case in cases}
+            floor = statistics.median(cases[0].wall)
+            load = os.getloadavg()[0]
+            print(
+                f"\nsynchronous={synchronous}: {rounds} rounds of {rows} commits, medians "
+                f"(min-max); load average {load:.1f}"
+            )
+            print(f"{'':<8} {'wall µs':>22} {'CPU µs':>20} {'÷ floor':>8} {'WAL frames':>11}")
+            for case in cases:
+                wall, cpu = case.wall, case.cpu
+                w = f"{statistics.median(wall):.1f} ({min(wall):.0f}-{max(wall):.0f})"
+                c = f"{statistics.median(cpu):.1f} ({min(cpu):.0f}-{max(cpu):.0f})"
+                ratio = statistics.median(wall) / floor
+                print(f"{case.name:<8} {w:>22} {c:>20} {ratio:>7.2f}x {frames[case.name]:>11.2f}")
+            for case in cases:
+                case.conn.close()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--rows", type=int, default=500)
+    args = parser.parse_args()
+    main(args.rounds, args.rows)
