@@ -14,8 +14,15 @@ from typing import Any
 import psycopg
 import pytest
 
+import loom
 from loom.errors import CorruptEventError, DuplicateEnvelopeIdError
-from loom.model import Envelope, derived_envelope_id, has_derived_form, new_envelope_id
+from loom.model import (
+    Envelope,
+    EventType,
+    derived_envelope_id,
+    has_derived_form,
+    new_envelope_id,
+)
 from loom.storage import SQLiteStore, Store
 from loom.storage.postgres import PostgresStore
 from loom.testing._store_conformance import env
@@ -256,3 +263,37 @@ async def test_a_rung_9_postgres_schema_migrates_with_its_ids_and_refusals() -> 
             await _refused(again.append([env("late", 0, 1)]))
         finally:
             await again.close()
+
+
+@loom.step(id="lean-add")
+async def _add(x: int) -> int:
+    return x + 1
+
+
+@loom.flow(id="lean-gated")
+async def _gated(ctx: loom.WorkflowContext, x: int) -> int:
+    y: int = await ctx.run(_add, x)
+    decision = await ctx.suspend("Go")
+    return y + int(decision["n"]) + await ctx.run(_add, 0)
+
+
+async def test_a_take_over_writes_random_ids_and_steps_derived_ones(tmp_path: Path) -> None:
+    """Racers taking over build the same sequence at the same fence: their records get random
+    ids (a lost COMMIT's probe must tell them apart); a step's id is derived."""
+    runtime = loom.WorkflowRuntime(SQLiteStore(tmp_path / "loom.db"))
+    runtime.register(_gated)
+    try:
+        handle = await runtime.start(_gated, 1, execution_id="g")
+        await handle.wait_for_suspend()
+        resumed = await runtime.resume("g", "Go", {"n": 10})
+        assert await resumed.result() == 13
+        log = await runtime.store.read("g")
+    finally:
+        await runtime.close()
+    # The start and the resume are both take-overs (from fence 0 and from the start's fence).
+    taken = [e for e in log if e.type in (EventType.EXECUTION_STARTED, EventType.EXECUTION_RESUMED)]
+    assert [e.fence for e in taken] == [1, 2]
+    assert not any(has_derived_form(e.envelope_id) for e in taken)
+    rest = [e for e in log if e not in taken]
+    assert len(rest) == 4
+    assert all(e.envelope_id == derived_envelope_id("g", e.sequence, e.fence) for e in rest)
