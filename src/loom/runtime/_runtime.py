@@ -44,7 +44,7 @@ from loom.runtime._handle import ExecutionHandle
 from loom.runtime._intercept import StepInterceptor, build_chain
 from loom.runtime._lease import Heartbeat
 from loom.runtime._sdk import Flow
-from loom.runtime.timers import TimerService, WakeOutcome
+from loom.runtime.timers import TimerService, Wake, WakeOutcome
 from loom.storage import BranchRef, ExecutionQuery, LeaseStore, Message, Store, Timer, TimerStore
 from loom.storage._common import validate_snapshot
 
@@ -110,7 +110,11 @@ class WorkflowRuntime:
         self.timers: TimerService | None = None
         if self._timer_store is not None:
             self.timers = TimerService(
-                self._timer_store, self._wake_locally, clock=self.clock, flow_ids=self._flows.keys
+                self._timer_store,
+                self._wake_locally,
+                clock=self.clock,
+                flow_ids=self._flows.keys,
+                prepare=self._prepare_wakes,
             )
         #: whether the first use still has to start timer serving (``timers=True``, not
         #: stopped explicitly yet)
@@ -614,6 +618,9 @@ class WorkflowRuntime:
     async def _wake_locally(self, timer: Timer) -> WakeOutcome:
         outcome, _ = await self.fire_timer(timer.execution_id, timer.position)
         return outcome
+
+    async def _prepare_wakes(self, timers: Sequence[Timer]) -> Wake:
+        return await _timer_wake.prepare_wakes(self, timers)
 
     async def fire_timer(
         self, execution_id: str, position: int, *, holder: Lease | None = None

@@ -7,7 +7,7 @@ import enum
 import logging
 import os
 import uuid
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import replace
 
 from loom.runtime._clock import Clock, SystemClock
@@ -25,6 +25,8 @@ class WakeOutcome(enum.Enum):
 
 
 Wake = Callable[[Timer], Awaitable[WakeOutcome]]
+#: Given a claimed batch, the wake for its timers (one that read all their states at once).
+Prepare = Callable[[Sequence[Timer]], Awaitable[Wake]]
 
 
 class TimerService:
@@ -34,6 +36,10 @@ class TimerService:
     re-checks the log under a fresh fence, so each wait ends once even if a claim expires and
     a timer is handed out again. A timer whose wake raises stays claimed until ``lease``
     seconds pass, then is retried. All time comes from ``clock``.
+
+    ``prepare``, when given, is called with each claimed batch before its wakes start and
+    returns the wake to call for them (the runtime's reads every state of the batch in one
+    query); if it raises, the batch is woken with ``wake``.
     """
 
     def __init__(
@@ -50,9 +56,11 @@ class TimerService:
         early_retry: float = 0.5,
         max_early_backoff: float = 60.0,
         flow_ids: Callable[[], Collection[str]] | None = None,
+        prepare: Prepare | None = None,
     ) -> None:
         self.store = store
         self.wake = wake
+        self.prepare = prepare
         self.clock = clock or SystemClock()
         self.owner = owner or f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.lease = lease
@@ -73,10 +81,10 @@ class TimerService:
         self._task: asyncio.Task[None] | None = None
         self.fired: list[Timer] = []  # what this service fired (for operators and tests)
 
-    async def _wake_one(self, timer: Timer, limit: asyncio.Semaphore) -> None:
+    async def _wake_one(self, timer: Timer, limit: asyncio.Semaphore, wake: Wake) -> None:
         async with limit:
             try:
-                outcome = await self.wake(timer)
+                outcome = await wake(timer)
             except Exception as exc:
                 log.warning(
                     "waking %s@%d failed; retried after the lease: %r",
@@ -116,6 +124,15 @@ class TimerService:
             if outcome is WakeOutcome.FIRED:
                 self.fired.append(timer)
         self._settle(timer)
+
+    async def _prepared(self, due: Sequence[Timer]) -> Wake:
+        if self.prepare is None:
+            return self.wake
+        try:
+            return await self.prepare(due)
+        except Exception as exc:  # only an optimisation: each wake can read its own state
+            log.warning("preparing %d wakes failed; each reads its own state: %r", len(due), exc)
+            return self.wake
 
     def _settle(self, timer: Timer) -> None:
         """Queue a fired (or stale) timer's deletion. Deletions are grouped: one write
@@ -172,8 +189,9 @@ class TimerService:
                 if not due:
                     break
                 total += len(due)
+                wake = await self._prepared(due)
                 for timer in due:
-                    task = asyncio.ensure_future(self._wake_one(timer, limit))
+                    task = asyncio.ensure_future(self._wake_one(timer, limit, wake))
                     running.add(task)
                     task.add_done_callback(finished)
                 # Claim more once the queue behind the running wakes is short: the next

@@ -13,12 +13,14 @@ __all__ = [
     "ExecutionIndex",
     "ExecutionPage",
     "ExecutionQuery",
+    "LoadsMany",
     "MailboxStore",
     "Message",
     "Snapshot",
     "SnapshotSegments",
     "SnapshotStore",
     "Store",
+    "StoredExecution",
     "Timer",
     "TimerStore",
 ]
@@ -152,6 +154,37 @@ class SnapshotSegments(Protocol):
         ``segment.state`` holds the top-level keys of the state that changed since ``base``,
         its ``ops`` only the op records added or changed; merging is ``dict.update`` of the
         top level and of ``ops``. A segment cannot remove an op: write a whole snapshot.
+        """
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class StoredExecution:
+    """What loading one execution reads: its newest snapshot (segments merged, as
+    :meth:`SnapshotStore.load_snapshot` returns it) or None, the events after it in order
+    (every event when there is no snapshot), and the log's last sequence."""
+
+    execution_id: str
+    snapshot: Snapshot | None
+    events: list[Envelope]
+    last_sequence: int
+
+
+@runtime_checkable
+class LoadsMany(Protocol):
+    """A store that reads what loading many executions needs in one round trip (optional: a
+    timer service waking a claimed batch uses it; without it each execution is read alone)."""
+
+    async def load_many(self, execution_ids: Sequence[str]) -> dict[str, StoredExecution]:
+        """For each id that has at least one event, what ``load_snapshot``, ``read`` from
+        just after that snapshot and ``last_sequence`` would return, keyed by id; ids without
+        events (and repeated ids beyond the first) add nothing.
+
+        The snapshot is read before the events, so ``events`` reaches at least as far as the
+        snapshot's sequence and is dense up to ``last_sequence``, unless the snapshot itself
+        is beyond the log (which the caller's validation then refuses). Raises
+        ``CorruptEventError`` when any record read fails its checksum or cannot be decoded:
+        the caller then loads the executions one at a time.
         """
         ...
 

@@ -75,8 +75,9 @@ from loom.storage._common import (
 from loom.storage._index import (
     FEED_KEY,
 )
+from loom.storage._loads import assemble, chunks, sqlite_load_many
 from loom.storage._schema import SCHEMA_VERSION
-from loom.storage._spi import Snapshot
+from loom.storage._spi import Snapshot, StoredExecution
 from loom.storage._sqlite_branches import SQLiteBranches
 from loom.storage._sqlite_index import SQLiteIndexReads
 from loom.storage._sqlite_schema import check_readable, load_reserved, migrate
@@ -782,6 +783,29 @@ class SQLiteStore(SQLiteBranches, SQLiteIndexReads, SQLiteSideTables):
         if len(rows) == 1:
             return whole
         return merge_segments(whole, [(r[1], r[2], r[3], r[4]) for r in rows[1:]])
+
+    async def load_many(self, execution_ids: Sequence[str]) -> dict[str, StoredExecution]:
+        """See :meth:`loom.storage.LoadsMany.load_many`: one SELECT per 256 ids."""
+        loaded: dict[str, StoredExecution] = {}
+        for chunk in chunks(execution_ids):
+            try:
+                rows = self._reader().execute(sqlite_load_many(len(chunk)), chunk).fetchall()
+            except sqlite3.OperationalError as exc:
+                if "decode" not in str(exc):
+                    raise StorageError(
+                        f"SQLite store {self.path}: loading executions failed: {exc}"
+                    ) from exc
+                # Which record is not UTF-8 is found by the one-at-a-time loads it falls back to.
+                raise CorruptEventError(
+                    f"a record of {len(chunk)} executions is not valid UTF-8"
+                ) from exc
+            found, beyond = assemble(rows, self.limits)
+            loaded.update(found)
+            for eid, snapshot in beyond.items():
+                last = await self.last_sequence(eid)
+                if last >= 0:
+                    loaded[eid] = StoredExecution(eid, snapshot, [], last)
+        return loaded
 
     # ---------------------------------------------------------------- lifecycle
 
