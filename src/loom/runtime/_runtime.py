@@ -44,7 +44,7 @@ from loom.runtime._handle import ExecutionHandle
 from loom.runtime._intercept import StepInterceptor, build_chain
 from loom.runtime._lease import Heartbeat
 from loom.runtime._sdk import Flow
-from loom.runtime.timers import TimerService, Wake, WakeOutcome
+from loom.runtime.timers import TimerService, WakeOutcome
 from loom.storage import BranchRef, ExecutionQuery, LeaseStore, Message, Store, Timer, TimerStore
 from loom.storage._common import validate_snapshot
 
@@ -616,11 +616,10 @@ class WorkflowRuntime:
             await self.timers.stop()
 
     async def _wake_locally(self, timer: Timer) -> WakeOutcome:
-        outcome, _ = await self.fire_timer(timer.execution_id, timer.position)
-        return outcome
+        return await _timer_wake.wake_locally(self, timer)
 
-    async def _prepare_wakes(self, timers: Sequence[Timer]) -> Wake:
-        return await _timer_wake.prepare_wakes(self, timers)
+    async def _prepare_wakes(self, timers: Sequence[Timer]) -> None:
+        await _timer_wake.prepare_wakes(self, timers)
 
     async def fire_timer(
         self, execution_id: str, position: int, *, holder: Lease | None = None

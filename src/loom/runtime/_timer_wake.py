@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 from loom.errors import LoomError
@@ -16,7 +17,7 @@ from loom.runtime._context import TIMER_EVENT
 from loom.runtime._driving import continue_with
 from loom.runtime._fence import RETRIES, Lease
 from loom.runtime._handle import ExecutionHandle
-from loom.runtime.timers import Wake, WakeOutcome
+from loom.runtime.timers import WakeOutcome
 from loom.storage import LoadsMany, StoredExecution, Timer
 from loom.storage._common import validate_snapshot
 
@@ -38,35 +39,32 @@ async def schedule_timer(runtime: WorkflowRuntime, timer: Timer) -> None:
         runtime.timers.kick()  # due before the next poll: look now
 
 
+Loaded = tuple[ExecutionState, int]
+
+#: The states read with the claimed batch a wake belongs to, by execution id (set by
+#: :func:`prepare_wakes` in the context the batch's wakes run in; None outside a batch).
+_BATCH: ContextVar[dict[str, Loaded] | None] = ContextVar("loom_timer_batch", default=None)
+
+
 async def wake_locally(runtime: WorkflowRuntime, timer: Timer) -> WakeOutcome:
-    outcome, _ = await runtime.fire_timer(timer.execution_id, timer.position)
+    runtime._check_open()
+    batch = _BATCH.get()
+    # Popped: a second timer of the same execution in the batch reads afresh.
+    preloaded = None if batch is None else batch.pop(timer.execution_id, None)
+    outcome, _ = await fire_timer(runtime, timer.execution_id, timer.position, preloaded=preloaded)
     return outcome
 
 
-Loaded = tuple[ExecutionState, int]
-
-
-async def prepare_wakes(runtime: WorkflowRuntime, timers: Sequence[Timer]) -> Wake:
-    """The wake for a claimed batch: the states of all its executions are read at once (one
-    query where the store :class:`LoadsMany`), and each wake starts from its own.
+async def prepare_wakes(runtime: WorkflowRuntime, timers: Sequence[Timer]) -> None:
+    """Read the states of a claimed batch's executions at once (one query where the store
+    :class:`LoadsMany`), for the batch's wakes (run in this context) to start from.
 
     A state read with the batch is trusted only to *fire*: the take-over that ends the wait
     is a compare-and-swap on the fence and the log's end, so it fails (and the wake reads
     again) if anything moved since. Any other verdict (stale, early) is decided again on a
     fresh read, exactly as a lone wake decides it.
     """
-    loaded = await load_states(runtime, [t.execution_id for t in timers if t.position >= 0])
-
-    async def wake(timer: Timer) -> WakeOutcome:
-        runtime._check_open()
-        # Popped: a second timer of the same execution in the batch reads afresh.
-        preloaded = loaded.pop(timer.execution_id, None)
-        outcome, _ = await fire_timer(
-            runtime, timer.execution_id, timer.position, preloaded=preloaded
-        )
-        return outcome
-
-    return wake
+    _BATCH.set(await load_states(runtime, [t.execution_id for t in timers if t.position >= 0]))
 
 
 async def load_states(runtime: WorkflowRuntime, execution_ids: Sequence[str]) -> dict[str, Loaded]:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import enum
 import logging
 import os
 import uuid
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Coroutine, Sequence
 from dataclasses import replace
+from typing import Any
 
 from loom.runtime._clock import Clock, SystemClock
 from loom.storage import Timer, TimerStore
@@ -25,8 +27,8 @@ class WakeOutcome(enum.Enum):
 
 
 Wake = Callable[[Timer], Awaitable[WakeOutcome]]
-#: Given a claimed batch, the wake for its timers (one that read all their states at once).
-Prepare = Callable[[Sequence[Timer]], Awaitable[Wake]]
+#: Called with a claimed batch before its wakes, in the context they run in (see TimerService).
+Prepare = Callable[[Sequence[Timer]], Coroutine[Any, Any, None]]
 
 
 class TimerService:
@@ -37,9 +39,10 @@ class TimerService:
     a timer is handed out again. A timer whose wake raises stays claimed until ``lease``
     seconds pass, then is retried. All time comes from ``clock``.
 
-    ``prepare``, when given, is called with each claimed batch before its wakes start and
-    returns the wake to call for them (the runtime's reads every state of the batch in one
-    query); if it raises, the batch is woken with ``wake``.
+    ``prepare``, when given, is called with each claimed batch before its wakes start, in a
+    context (``contextvars``) of the batch's own that its wakes then run in: what it sets
+    there each wake of the batch sees (the runtime's reads every state of the batch in one
+    query). If it raises, the wakes run all the same.
     """
 
     def __init__(
@@ -81,10 +84,10 @@ class TimerService:
         self._task: asyncio.Task[None] | None = None
         self.fired: list[Timer] = []  # what this service fired (for operators and tests)
 
-    async def _wake_one(self, timer: Timer, limit: asyncio.Semaphore, wake: Wake) -> None:
+    async def _wake_one(self, timer: Timer, limit: asyncio.Semaphore) -> None:
         async with limit:
             try:
-                outcome = await wake(timer)
+                outcome = await self.wake(timer)
             except Exception as exc:
                 log.warning(
                     "waking %s@%d failed; retried after the lease: %r",
@@ -125,14 +128,15 @@ class TimerService:
                 self.fired.append(timer)
         self._settle(timer)
 
-    async def _prepared(self, due: Sequence[Timer]) -> Wake:
-        if self.prepare is None:
-            return self.wake
-        try:
-            return await self.prepare(due)
-        except Exception as exc:  # only an optimisation: each wake can read its own state
-            log.warning("preparing %d wakes failed; each reads its own state: %r", len(due), exc)
-            return self.wake
+    async def _prepared(self, due: Sequence[Timer]) -> contextvars.Context:
+        """The context the batch ``due`` is woken in, prepared for it."""
+        batch = contextvars.copy_context()
+        if self.prepare is not None:
+            try:
+                await asyncio.get_running_loop().create_task(self.prepare(due), context=batch)
+            except Exception as exc:  # only an optimisation: each wake can read its own state
+                log.warning("preparing %d wakes failed; each reads its own: %r", len(due), exc)
+        return batch
 
     def _settle(self, timer: Timer) -> None:
         """Queue a fired (or stale) timer's deletion. Deletions are grouped: one write
@@ -168,6 +172,7 @@ class TimerService:
         back. Returns once every claimed timer's wake ended and its deletion committed.
         """
         total = 0
+        loop = asyncio.get_running_loop()
         running: set[asyncio.Task[None]] = set()
         low_water = asyncio.Event()
         limit = asyncio.Semaphore(self.concurrency)
@@ -189,9 +194,9 @@ class TimerService:
                 if not due:
                     break
                 total += len(due)
-                wake = await self._prepared(due)
+                batch = await self._prepared(due)
                 for timer in due:
-                    task = asyncio.ensure_future(self._wake_one(timer, limit, wake))
+                    task = loop.create_task(self._wake_one(timer, limit), context=batch)
                     running.add(task)
                     task.add_done_callback(finished)
                 # Claim more once the queue behind the running wakes is short: the next
