@@ -18,7 +18,7 @@ import pytest
 import loom
 from loom.model import EventType, ExecutionStatus
 from loom.runtime.timers import TimerService, WakeOutcome
-from loom.storage import ExecutionQuery, Store, Timer, TimerStore
+from loom.storage import ExecutionQuery, LoadsMany, Store, Timer, TimerStore
 from tests.conftest import Backend
 from tests.support.poll import until
 
@@ -214,3 +214,76 @@ async def test_a_stale_wake_is_settled_in_the_same_grouped_write(backend: Backen
     assert await service.run_due() == 40
     assert service.fired == []
     assert await timers.next_timer_due() is None
+
+
+async def test_a_batch_read_before_half_its_waits_ended_elsewhere_fires_each_once(
+    backend: Backend,
+) -> None:
+    # The runtime's service reads a claimed batch's states at once (where the store
+    # LoadsMany) before waking it. Here another runtime ends half of those waits in between:
+    # a state read with the batch may only lead to a take-over, which then loses (the fence
+    # moved), and the wake decides again on a fresh read. Each wait ends once, and only the
+    # half whose batch-read state was still current is woken without another read.
+    clock = SetClock(T0 - 5)
+    store = backend.store()
+    rt = loom.WorkflowRuntime(store, clock=clock, timers=False)
+    rt.register(nap)
+    plan = {f"h{i:03d}": T0 for i in range(120)}
+    await _asleep(rt, plan)
+    other = loom.WorkflowRuntime(backend.store(), clock=clock, timers=False)
+    other.register(nap)
+    ended_elsewhere: list[str] = []
+
+    async def read_then_interfere(due: Sequence[Timer]) -> None:
+        await rt._prepare_wakes(due)  # the batch's states are read now...
+        for timer in due[::2]:  # ...and then half of its waits end in another runtime
+            outcome, _ = await other.fire_timer(timer.execution_id, timer.position)
+            assert outcome is WakeOutcome.FIRED
+            ended_elsewhere.append(timer.execution_id)
+
+    loads: list[str] = []
+    load = rt._load
+
+    async def counted_load(execution_id: str, **kw: Any) -> Any:
+        loads.append(execution_id)
+        return await load(execution_id, **kw)
+
+    rt._load = counted_load  # type: ignore[method-assign]
+    clock.t = T0
+    service = TimerService(
+        _timer_store(store),
+        rt._wake_locally,
+        clock=clock,
+        batch=40,
+        concurrency=8,
+        prepare=read_then_interfere,
+    )
+    assert await service.run_due() == len(plan)
+    await until(lambda: _all_done(store, len(plan)), "all completed", timeout=60)
+    woken_here = sorted(t.execution_id for t in service.fired)
+    assert woken_here == sorted(set(plan) - set(ended_elsewhere))
+    for eid in plan:
+        assert len(await _fired_times(store, eid)) == 1, eid
+    if isinstance(store, LoadsMany):
+        assert sorted(loads) == sorted(ended_elsewhere)  # only the moved ones were read again
+    assert await _timer_store(store).next_timer_due() is None
+    await other.close()
+    await rt.close()
+
+
+async def test_a_failing_prepare_still_wakes_its_batch(backend: Backend) -> None:
+    clock = SetClock(T0)
+    store = backend.store()
+    rt = loom.WorkflowRuntime(store, clock=clock, timers=False)
+    rt.register(nap)
+    plan = {f"p{i:02d}": T0 for i in range(30)}
+    await _asleep(rt, plan)
+
+    async def broken(due: Sequence[Timer]) -> None:
+        raise RuntimeError("the batch read failed")
+
+    service = TimerService(_timer_store(store), rt._wake_locally, clock=clock, prepare=broken)
+    assert await service.run_due() == len(plan)
+    assert sorted(t.execution_id for t in service.fired) == sorted(plan)
+    await until(lambda: _all_done(store, len(plan)), "all completed", timeout=60)
+    await rt.close()

@@ -26,7 +26,7 @@ from loom.errors import (
     StorageWriteError,
 )
 from loom.model import Envelope, EventType
-from loom.storage import MailboxStore, Message, Snapshot, SnapshotSegments, Store
+from loom.storage import LoadsMany, MailboxStore, Message, Snapshot, SnapshotSegments, Store
 
 __all__ = ["STORE_CHECKS", "StoreFactory", "run_event_store_conformance", "run_store_check"]
 
@@ -315,6 +315,67 @@ async def check_snapshot_segments(store: Store, reopen: Reopen | None) -> None:
             await again.close()
         got = await store.load_snapshot("seg")
         assert got is not None and got.sequence == 9 and got.state["n"] == 9, got
+
+
+def _same_events(got: list[Envelope], want: list[Envelope]) -> bool:
+    def key(e: Envelope) -> tuple[Any, ...]:
+        return (e.envelope_id, e.sequence, str(e.type), e.payload_json, e.fence, e.checksum())
+
+    return [key(e) for e in got] == [key(e) for e in want]
+
+
+@_check
+async def check_load_many(store: Store, reopen: Reopen | None) -> None:
+    """LoadsMany (optional): one call answers, for each id, what ``load_snapshot``, ``read``
+    from just after that snapshot and ``last_sequence`` answer one at a time."""
+    if not isinstance(store, LoadsMany):
+        return
+    await _start(store, "lm-plain", 3)  # no snapshot: every event
+    await _start(store, "lm-tail", 5)  # a snapshot and the events after it
+    await store.save_snapshot(Snapshot("lm-tail", 2, {"execution_id": "lm-tail", "n": 2}))
+    await _start(store, "lm-top", 2)  # a snapshot of the whole log: no event after it
+    await store.save_snapshot(Snapshot("lm-top", 1, {"execution_id": "lm-top"}))
+    await store.save_snapshot(Snapshot("lm-nolog", 4, {"execution_id": "lm-nolog"}))
+    await _start(store, "lm-beyond", 2)  # a snapshot beyond the log: reported as it is
+    await store.save_snapshot(Snapshot("lm-beyond", 7, {"execution_id": "lm-beyond"}))
+    await store.acquire_fence("lm-fenced")  # a fence, no events: not an execution
+    ids = ["lm-plain", "lm-tail", "lm-top", "lm-nolog", "lm-beyond", "lm-fenced", "lm-unknown"]
+    if isinstance(store, SnapshotSegments):
+        # The chain links 1 -> 3; the segment at 6 (on base 5) does not, so the snapshot is
+        # at 3 and the events from 4 on are the tail.
+        await _start(store, "lm-seg", 8)
+        whole = {"execution_id": "lm-seg", "n": 1, "ops": {}}
+        await store.save_snapshot(Snapshot("lm-seg", 1, whole))
+        assert await store.save_snapshot_segment(Snapshot("lm-seg", 3, {"n": 3, "ops": {}}), 1)
+        assert not await store.save_snapshot_segment(Snapshot("lm-seg", 6, {"n": 6}), 5)
+        ids.append("lm-seg")
+    got = await store.load_many([*ids, "lm-tail", "lm-plain"])  # repeats add nothing
+    present = []
+    for eid in ids:
+        last = await store.last_sequence(eid)
+        if last < 0:
+            assert eid not in got, (eid, got.get(eid))
+            continue
+        present.append(eid)
+        one = got[eid]
+        snap = await store.load_snapshot(eid)
+        assert one.execution_id == eid and one.snapshot == snap, (eid, one.snapshot, snap)
+        assert one.last_sequence == last, (eid, one.last_sequence, last)
+        after = await store.read(eid, from_sequence=0 if snap is None else snap.sequence + 1)
+        assert _same_events(one.events, after), (eid, one.events, after)
+    assert sorted(got) == sorted(present) and "lm-tail" in got and "lm-beyond" in got
+    assert [e.sequence for e in got["lm-tail"].events] == [3, 4]
+    assert got["lm-beyond"].events == [] and got["lm-beyond"].last_sequence == 1
+    # Many at once (more than one statement's worth of ids on some stores).
+    many = [f"lm-{i:04d}" for i in range(600)]
+    for start in range(0, len(many), 100):
+        await asyncio.gather(*(_start(store, eid, 2) for eid in many[start : start + 100]))
+    got = await store.load_many(many)
+    assert sorted(got) == many
+    assert all(
+        g.snapshot is None and [e.sequence for e in g.events] == [0, 1] for g in got.values()
+    )
+    assert await store.load_many([]) == {}
 
 
 @_check
