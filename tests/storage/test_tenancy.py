@@ -38,7 +38,8 @@ NEIGHBOURS = ["acme-corp", "acme2", "acm", "acmf", "b"]
 KIT_IDS = [
     "rt", "dense", "dup-a", "dup-b", "atomic", "f", "g", "zombie", "race", "silent", "nofence",
     "snap", "e-00-fence-only", "e-01", "e-02", "e-03", "e-04", "e-05", "waited", "many-00",
-    "ok-0", "bad", "durable",
+    "ok-0", "bad", "durable", "lm-plain", "lm-tail", "lm-nolog", "lm-fenced", "lm-unknown",
+    "lm-0000",
 ]  # fmt: skip
 
 Opener = Callable[[], Awaitable[Store]]

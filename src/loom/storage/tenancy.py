@@ -59,11 +59,13 @@ from loom.storage._spi import (
     ExecutionPage,
     ExecutionQuery,
     LeaseStore,
+    LoadsMany,
     MailboxStore,
     Message,
     Snapshot,
     SnapshotSegments,
     SnapshotStore,
+    StoredExecution,
     Timer,
     TimerStore,
 )
@@ -367,6 +369,37 @@ class TenantScopedEventStore:
         if snap is None:
             return None
         return Snapshot(execution_id, snap.sequence, snap.state)
+
+    async def load_many(self, execution_ids: Sequence[str]) -> dict[str, StoredExecution]:
+        """See :meth:`loom.storage.LoadsMany.load_many`: one read of the physical store
+        where it loads many too, else one execution at a time."""
+        if not isinstance(self.store, LoadsMany):
+            return await self._load_one_by_one(execution_ids)
+        scoped = await self._call(self.store.load_many([self._scope(i) for i in execution_ids]))
+        loaded: dict[str, StoredExecution] = {}
+        for key, one in scoped.items():
+            eid = self._unscope(key)
+            snap = one.snapshot
+            loaded[eid] = StoredExecution(
+                eid,
+                None if snap is None else Snapshot(eid, snap.sequence, snap.state),
+                [self._unscope_envelope(e) for e in one.events],
+                one.last_sequence,
+            )
+        return loaded
+
+    async def _load_one_by_one(self, execution_ids: Sequence[str]) -> dict[str, StoredExecution]:
+        loaded: dict[str, StoredExecution] = {}
+        for eid in dict.fromkeys(execution_ids):
+            snap = None if self._snapshots is None else await self.load_snapshot(eid)
+            last = await self.last_sequence(eid)
+            if last < 0:
+                continue
+            events = await self.read(eid, from_sequence=0 if snap is None else snap.sequence + 1)
+            # Read after last_sequence: events appended in between extend it.
+            last = max(last, events[-1].sequence) if events else last
+            loaded[eid] = StoredExecution(eid, snap, events, last)
+        return loaded
 
     # ---------------------------------------------------------------- LeaseStore
 
