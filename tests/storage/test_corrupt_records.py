@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import sqlite3
 from pathlib import Path
@@ -136,4 +137,63 @@ async def test_a_hostile_snapshot_is_ignored_and_the_log_folded(
         loaded = await rt.load_state("victim")
     assert loaded == truth
     assert any("snapshot" in r.getMessage() for r in caplog.records)
+    await rt.close()
+
+
+class _SetClock:
+    def __init__(self, now: float) -> None:
+        self.t = now
+
+    def now(self) -> float:
+        return self.t
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(0)
+
+
+@loom.flow(id="napper", version="1")
+async def napper(ctx: loom.WorkflowContext, when: float) -> str:
+    await ctx.sleep_until(when)
+    return "woke"
+
+
+@pytest.mark.parametrize(
+    "corruption",
+    [
+        "UPDATE loom_snapshots SET checksum = 'forged' WHERE execution_id = 'b-victim'",
+        # The suspension's own event, which only the batch read reads (a lone load starts
+        # after the snapshot): one payload byte no longer UTF-8.
+        "UPDATE loom_events SET payload = CAST(substr(CAST(payload AS BLOB), 1, 3) || X'E9' "
+        "|| substr(CAST(payload AS BLOB), 5) AS TEXT) "
+        "WHERE execution_id = 'b-victim' AND sequence = 2",
+    ],
+    ids=["snapshot-checksum", "event-utf8"],
+)
+async def test_a_corrupt_record_in_a_timer_batch_costs_the_batch_read_only(
+    tmp_path: Path, corruption: str
+) -> None:
+    # The service reads a claimed batch's states in one query; a record that fails there
+    # fails that read, and every wake of the batch reads its own state as before: the
+    # victim's snapshot is ignored (the log folded), and the others never notice.
+    path = tmp_path / "timers.db"
+    clock = _SetClock(1000.0)
+    rt = loom.WorkflowRuntime(SQLiteStore(path), clock=clock, timers=False)
+    rt.register(napper)
+    ids = ["a-healthy", "b-victim", "c-healthy"]
+    for eid in ids:
+        await (await rt.start(napper, 1005.0, execution_id=eid)).settled(10)
+    await rt.close()
+    with sqlite3.connect(path) as conn:
+        assert conn.execute(corruption).rowcount == 1
+    store = SQLiteStore(path)
+    with pytest.raises(CorruptEventError):
+        await store.load_many(ids)
+    rt = loom.WorkflowRuntime(store, clock=clock, timers=False)
+    rt.register(napper)
+    assert rt.timers is not None
+    clock.t = 1005.0
+    assert await rt.timers.run_due() == 3
+    assert sorted(t.execution_id for t in rt.timers.fired) == ids
+    for eid in ids:
+        assert (await rt.wait(eid, timeout=10)).output == "woke", eid
     await rt.close()
