@@ -324,8 +324,8 @@ class PostgresWriter:
         """Turn a statement's row into the request's result.
 
         Returns True when an event write wrote nothing: the head must be read to name its
-        refusal (the statement returns only its count, the price of a refusal being one more
-        read rather than every append reading the head back).
+        refusal (the statement says only whether the head moved, the price of a refusal being
+        one more read rather than every append reading the head back).
         """
         if req.kind == "fence":
             assert row is not None
@@ -339,7 +339,7 @@ class PostgresWriter:
             req.result = int(row[0])
             return False
         assert row is not None
-        return bool(row[0] != req.count)
+        return bool(row[0] != 1)  # the head did not move: nothing was written
 
     async def _reread_head(self, conn: Conn, req: PostgresWrite) -> None:
         cur = await conn.execute(self._sql.head, (req.execution_id,))

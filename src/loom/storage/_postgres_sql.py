@@ -187,9 +187,10 @@ MIGRATIONS: dict[int, tuple[Step, ...]] = {
 }
 
 # One statement per append or take-over. The INSERT reads from the head write's RETURNING, so a
-# refused one (0 rows moved) writes nothing and needs no rollback. It returns how many events it
-# wrote; a refused one (rare) reads the head afterwards to name its refusal, rather than every
-# append reading it back.
+# refused one (0 rows moved) writes nothing and needs no rollback. It returns whether the head
+# moved (1 or 0): if it did, every event was inserted (the INSERT runs to completion or the
+# statement fails), so the events need no RETURNING of their own. A refused one (rare) reads the
+# head afterwards to name its refusal, rather than every append reading it back.
 _APPEND = """
 WITH moved AS (
     {moved}
@@ -197,9 +198,8 @@ WITH moved AS (
     INSERT INTO {{s}}.events
         (execution_id, sequence, envelope_id, type, payload, recorded_at, fence, checksum)
     {rows}
-    RETURNING 1
 ){index}
-SELECT (SELECT count(*) FROM ins), {notify}
+SELECT (SELECT count(*) FROM moved), {notify}
 """
 
 _NOTIFY = "(SELECT count(pg_notify(%(channel)s, %(note)s)) FROM moved)"
