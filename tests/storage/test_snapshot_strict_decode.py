@@ -16,6 +16,7 @@ import loom
 from loom.errors import CorruptEventError
 from loom.model import ExecutionState, Gate, OpKind, OpRecord, OpStatus, replay
 from loom.model._events import ExecutionStatus
+from loom.model._state import merge_stored_ops, state_from_stored
 from loom.storage import Snapshot
 from loom.storage._common import validate_snapshot
 
@@ -178,4 +179,135 @@ async def test_the_runtime_ignores_a_hostile_snapshot_with_a_good_checksum(
     assert loaded == truth
     assert type(loaded.ops[1].attempts) is int
     assert any("ignored the snapshot" in r.getMessage() for r in caplog.records)
+    await rt.close()
+
+
+# ------------------------------------------------------------------ the compact ops form
+
+
+def test_the_compact_form_loads_back_equal() -> None:
+    for state in (_state(), ExecutionState(EID, last_sequence=0)):
+        d = state.to_stored()
+        before = copy.deepcopy(d)
+        loaded = validate_snapshot(Snapshot(EID, state.last_sequence, d), EID)
+        assert loaded == state
+        assert loaded.to_stored() == d and loaded.to_dict() == state.to_dict()
+        assert d == before
+    loaded = validate_snapshot(Snapshot(EID, 7, _state().to_stored()), EID)
+    assert loaded.ops[0].status is OpStatus.COMPLETED and loaded.ops[0].kind is OpKind.STEP
+    assert loaded.ops[1].annotations == {"tokens": 4} and loaded.ops[2].error == {"type": "E"}
+    # Ops sharing kind, name, status and attempts share one shape.
+    many = ExecutionState(EID, last_sequence=0)
+    many.ops = {i: OpRecord(OpKind.STEP, "s", OpStatus.COMPLETED, i, None, 1) for i in range(5)}
+    assert many.to_stored()["ops"][2] == [["step", "s", "completed", 1]]
+
+
+def _col(index: int, change: Callable[[list[Any]], None]) -> Callable[[dict[str, Any]], None]:
+    def apply(d: dict[str, Any]) -> None:
+        change(d["ops"][index])
+
+    return apply
+
+
+def _put(i: int, value: Any) -> Callable[[list[Any]], None]:
+    def apply(column: list[Any]) -> None:
+        column[i] = value
+
+    return apply
+
+
+# _state().to_stored()["ops"]: positions [0, 1, 2, 10], four shapes, extras at ops 1 and 2.
+HOSTILE_COLUMNS: dict[str, Callable[[dict[str, Any]], None]] = {
+    "form 3": lambda d: d["ops"].__setitem__(0, 3),
+    "form 2.0": lambda d: d["ops"].__setitem__(0, 2.0),
+    "form missing": lambda d: d["ops"].pop(0),
+    "a column more": lambda d: d["ops"].append([]),
+    "ops a string": _set("ops", "[2]"),
+    "position true": _col(1, _put(1, True)),
+    "position 1.0": _col(1, _put(1, 1.0)),
+    "position a string": _col(1, _put(2, "2")),
+    "position negative": _col(1, _put(2, -2)),
+    "position twice": _col(1, _put(2, 1)),
+    "positions an object": lambda d: d["ops"].__setitem__(1, {"0": 0}),
+    "one position fewer": _col(1, lambda c: c.pop()),
+    "one output more": _col(4, lambda c: c.append(None)),
+    "one shape index fewer": _col(3, lambda c: c.pop()),
+    "shape index out of range": _col(3, _put(0, 4)),
+    "shape index negative": _col(3, _put(0, -1)),
+    "shape index true": _col(3, _put(1, True)),
+    "shape index 0.0": _col(3, _put(0, 0.0)),
+    "shape three long": _col(2, lambda c: c[0].pop()),
+    "shape an object": _col(2, _put(0, {"kind": "step"})),
+    "shape status unknown": _col(2, lambda c: c[0].__setitem__(2, "done")),
+    "shape status unhashable": _col(2, lambda c: c[0].__setitem__(2, ["completed"])),
+    "shape kind not a string": _col(2, lambda c: c[0].__setitem__(0, 1)),
+    "shape name null": _col(2, lambda c: c[0].__setitem__(1, None)),
+    "shape attempts true": _col(2, lambda c: c[0].__setitem__(3, True)),
+    "shape attempts 1.0": _col(2, lambda c: c[0].__setitem__(3, 1.0)),
+    "extra at no op": _col(5, lambda c: c[1].__setitem__(0, 4)),
+    "extra at a negative op": _col(5, lambda c: c[0].__setitem__(0, -1)),
+    "extras out of order": _col(5, lambda c: c.reverse()),
+    "extra twice": _col(5, lambda c: c.append(list(c[-1]))),
+    "extra index true": _col(5, lambda c: c[0].__setitem__(0, True)),
+    "extra error a string": _col(5, lambda c: c[1].__setitem__(1, "boom")),
+    "extra annotations a list": _col(5, lambda c: c[0].__setitem__(2, [1])),
+    "extra of nothing": _col(5, lambda c: c[0].__setitem__(2, None)),
+    "extra two long": _col(5, lambda c: c[0].pop()),
+    "extras an object": lambda d: d["ops"].__setitem__(5, {}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE_COLUMNS))
+def test_compact_ops_not_in_the_form_loom_writes_are_refused(case: str) -> None:
+    d = _state().to_stored()
+    assert d["ops"][1] == [0, 1, 2, 10] and len(d["ops"][2]) == 4
+    HOSTILE_COLUMNS[case](d)
+    with pytest.raises(CorruptEventError, match="is unusable"):
+        validate_snapshot(Snapshot(EID, 7, d), EID)
+
+
+def test_a_chain_of_compact_pieces_merges_later_over_earlier() -> None:
+    state = _state()
+    whole = state.to_stored()["ops"]
+    changed = state.copy()
+    changed.ops[10] = OpRecord(OpKind.GATE, "Go", OpStatus.RESOLVED, {"payload": 1})
+    changed.ops[11] = OpRecord(OpKind.STEP, "u", OpStatus.FAILED, None, {"type": "F"}, 2)
+    changed.ops[1] = OpRecord(OpKind.STEP, "t", OpStatus.COMPLETED, 5, None, 3)
+    part = changed.to_stored(only_ops=[10, 11, 1])["ops"]
+    before = copy.deepcopy([whole, part])
+    merged = merge_stored_ops([whole, part])
+    assert [whole, part] == before  # the pieces (maybe cached decodes) are never changed
+    d = changed.to_dict()
+    d["ops"] = merged
+    assert state_from_stored(d) == changed
+    assert list(state_from_stored(d).ops) == [0, 1, 2, 10, 11]
+    # A chain written across an upgrade mixes the object and the compact form.
+    objects = state.to_dict()["ops"]
+    for pieces in ([objects, part], [whole, changed.to_dict(only_ops=[10, 11, 1])["ops"]]):
+        d["ops"] = merge_stored_ops(pieces)
+        assert type(d["ops"]) is dict and state_from_stored(d) == changed
+    # A malformed piece anywhere in the chain is refused, never merged around.
+    bad = copy.deepcopy(part)
+    bad[3][0] = 9
+    for pieces in ([whole, bad], [bad, whole], [objects, bad]):
+        with pytest.raises(ValueError):
+            merge_stored_ops(pieces)
+
+
+async def test_a_hostile_compact_segment_is_ignored(tmp_path: Path) -> None:
+    store = loom.SQLiteStore(tmp_path / "loom.db")
+    rt = loom.WorkflowRuntime(store, timers=False)
+    rt.register(strict_flow)
+    assert await (await rt.start(strict_flow, 5, execution_id=EID)).result() == 20
+    truth = replay(await store.read(EID), execution_id=EID)
+    seq = truth.last_sequence
+    await store.save_snapshot(Snapshot(EID, 1, replay((await store.read(EID))[:2]).to_stored()))
+    lie = truth.to_stored(only_ops=[3])
+    lie["ops"][1] = [True]  # position true: would alias position 1 if merged
+    assert await store.save_snapshot_segment(Snapshot(EID, seq, lie), 1)
+    await rt.close()
+    store = loom.SQLiteStore(tmp_path / "loom.db")
+    rt = loom.WorkflowRuntime(store, timers=False)
+    rt.register(strict_flow)
+    assert await rt.load_state(EID) == truth
     await rt.close()

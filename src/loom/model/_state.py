@@ -195,10 +195,20 @@ class ExecutionState:
         return new
 
     def to_dict(self, *, only_ops: Iterable[int] | None = None) -> dict[str, Any]:
-        """The state as JSON-ready dicts; ``only_ops`` limits ``ops`` to those positions (a
-        snapshot segment's part)."""
+        """The state as JSON-ready dicts; ``only_ops`` limits ``ops`` to those positions."""
         ops = self.ops
         picked = ops.items() if only_ops is None else ((k, ops[k]) for k in only_ops)
+        return self._fields({str(k): v.to_dict() for k, v in picked})
+
+    def to_stored(self, *, only_ops: Iterable[int] | None = None) -> dict[str, Any]:
+        """What a snapshot stores: :meth:`to_dict` with ``ops`` in the compact column form
+        (see :func:`ops_to_stored`); ``only_ops`` limits ``ops`` to those positions (a
+        snapshot segment's part). :func:`state_from_stored` reads both forms."""
+        ops = self.ops
+        picked = ops.items() if only_ops is None else [(k, ops[k]) for k in only_ops]
+        return self._fields(ops_to_stored(picked))
+
+    def _fields(self, ops: Any) -> dict[str, Any]:
         return {
             "execution_id": self.execution_id,
             "flow_id": self.flow_id,
@@ -208,7 +218,7 @@ class ExecutionState:
             "last_sequence": self.last_sequence,
             "started_at": self.started_at,
             "updated_at": self.updated_at,
-            "ops": {str(k): v.to_dict() for k, v in picked},
+            "ops": ops,
             "waiting": self.waiting.to_dict() if self.waiting else None,
             "ui": self.ui,
             "output": self.output,
@@ -278,7 +288,9 @@ def state_from_stored(d: Any) -> ExecutionState:
     for key in ("error", "forked_from"):
         if d[key] is not None and type(d[key]) is not dict:
             raise ValueError(f"{key!r} is not an object")
-    for key in ("ui", "metadata", "ops"):
+    if type(d["ops"]) is not dict and type(d["ops"]) is not list:
+        raise ValueError("'ops' is not an object or columns")
+    for key in ("ui", "metadata"):
         if type(d[key]) is not dict:
             raise ValueError(f"{key!r} is not an object")
     if d["cancel_reason"] is not None and not isinstance(d["cancel_reason"], str):
@@ -316,7 +328,7 @@ def state_from_stored(d: Any) -> ExecutionState:
         last_sequence=d["last_sequence"],
         started_at=d["started_at"],
         updated_at=d["updated_at"],
-        ops=_ops_from_stored(d["ops"]),
+        ops=_ops_from_stored(d["ops"]) if type(d["ops"]) is dict else _ops_from_columns(d["ops"]),
         waiting=gate,
         ui=dict(d["ui"]),
         output=d["output"],
@@ -390,3 +402,188 @@ def _canonical_positions(raw: dict[Any, Any]) -> bool:
     if joined.startswith(",") or joined.endswith(","):
         return False
     return ("," + joined).count(",0") == ("0" in raw)
+
+
+# ----------------------------------------------------------------- the compact ops form
+#
+# ``[2, positions, shapes, shape_of, outputs, extras]``: ``positions[i]`` holds an op whose
+# ``(kind, name, status, attempts)`` is ``shapes[shape_of[i]]`` and whose output is
+# ``outputs[i]``; ``extras`` lists ``[i, error, annotations]`` for the few ops that have either.
+# One object per op (six repeated keys) made a 10,000-step snapshot ~1 MB whose decoding and
+# per-op checking cost more than the rest of a load; columns of integers decode and check in C.
+# The leading 2 is the form's version: the object form (``to_dict``'s) stays readable.
+
+OPS_COLUMNS = 2
+
+
+def ops_to_stored(picked: Iterable[tuple[int, OpRecord]]) -> list[Any]:
+    """The compact column form of ``(position, op)`` pairs (see above)."""
+    shapes: dict[tuple[str, str, str, int], int] = {}
+    at: list[int] = []
+    shape_of: list[int] = []
+    outputs: list[Any] = []
+    extras: list[list[Any]] = []
+    for i, (pos, op) in enumerate(picked):
+        key = (str(op.kind), op.name, op.status.value, op.attempts)
+        index = shapes.get(key)
+        if index is None:
+            index = shapes[key] = len(shapes)
+        at.append(pos)
+        shape_of.append(index)
+        outputs.append(op.output)
+        if op.error is not None or op.annotations is not None:
+            extras.append([i, op.error, op.annotations])
+    return [OPS_COLUMNS, at, [list(k) for k in shapes], shape_of, outputs, extras]
+
+
+def _ints_in(values: list[Any], low: int, high: int | None) -> bool:
+    """Every value is an int (not a bool or float) in ``low .. high-1``; checks in C."""
+    if not values:
+        return True
+    if not set(map(type, values)) <= {int}:
+        return False
+    return min(values) >= low and (high is None or max(values) < high)
+
+
+def _columns(raw: Any) -> tuple[list[int], list[Any], list[int], list[Any], list[Any]]:
+    """The five columns of one compact ops piece, or ValueError if their frame is off
+    (lengths, index types and ranges, a repeated position); shapes and extras' contents are
+    checked where the op records are built."""
+    if type(raw) is not list or len(raw) != 6 or type(raw[0]) is not int:
+        raise ValueError("'ops' columns are malformed")
+    if raw[0] != OPS_COLUMNS:
+        raise ValueError(f"'ops' columns are of an unknown form {raw[0]!r}")
+    at, shapes, shape_of, outputs, extras = raw[1:]
+    if not all(type(c) is list for c in (at, shapes, shape_of, outputs, extras)):
+        raise ValueError("an 'ops' column is not a list")
+    n = len(at)
+    if len(shape_of) != n or len(outputs) != n:
+        raise ValueError("the 'ops' columns differ in length")
+    if not _ints_in(at, 0, None) or len(set(at)) != n:
+        # Integers only (true or 1.0 would alias 1), none negative, none twice.
+        raise ValueError("an op position is not a distinct integer >= 0")
+    if not _ints_in(shape_of, 0, len(shapes)):
+        raise ValueError("an op's shape index is malformed")
+    last = -1
+    for extra in extras:
+        if type(extra) is not list or len(extra) != 3:
+            raise ValueError("an op's extra record is malformed")
+        i = extra[0]
+        if type(i) is not int or not last < i < n:
+            raise ValueError("an op's extra record is not at a later op")
+        last = i
+    return at, shapes, shape_of, outputs, extras
+
+
+def _ops_from_columns(raw: Any) -> dict[int, OpRecord]:
+    at, shapes, shape_of, outputs, extras = _columns(raw)
+    kinds, statuses = OpKind._value2member_map_, OpStatus._value2member_map_
+    built: list[tuple[str, str, OpStatus, int]] = []
+    for shape in shapes:
+        if type(shape) is not list or len(shape) != 4:
+            raise ValueError("an op shape is malformed")
+        kind, name, status, attempts = shape
+        member = statuses.get(status) if isinstance(status, str) else None
+        if (
+            member is None
+            or type(attempts) is not int
+            or not isinstance(kind, str)
+            or not isinstance(name, str)
+        ):
+            raise ValueError("an op shape is malformed")
+        built.append((kinds.get(kind, kind), name, member, attempts))  # type: ignore[arg-type]
+    records = [
+        OpRecord(kind, name, status, output, None, attempts, None)
+        for (kind, name, status, attempts), output in zip(
+            map(built.__getitem__, shape_of), outputs, strict=True
+        )
+    ]
+    for i, error, notes in extras:
+        if (
+            (error is not None and type(error) is not dict)
+            or (notes is not None and type(notes) is not dict)
+            or (error is None and notes is None)
+        ):
+            raise ValueError("an op's extra record is malformed")
+        record = records[i]
+        record.error, record.annotations = error, notes
+    return dict(zip(at, records, strict=True))
+
+
+def merge_stored_ops(pieces: list[Any]) -> Any:
+    """The ``ops`` of a snapshot chain whose pieces' ``ops`` are ``pieces`` (the whole
+    snapshot's first, then each segment's), later pieces' ops replacing earlier ones at the
+    same position. ValueError for a piece that is malformed; the pieces are never changed.
+
+    Object pieces merge as objects (any keys: stores keep what they are given); compact
+    pieces as columns, in one pass however long the chain; a chain mixing both forms (written
+    across an upgrade) as objects.
+    """
+    if all(type(p) is dict for p in pieces):
+        merged: dict[Any, Any] = {}
+        for piece in pieces:
+            merged.update(piece)
+        return merged
+    if all(type(p) is list for p in pieces):
+        return _merge_columns(pieces)
+    merged = {}
+    for piece in pieces:
+        if type(piece) is dict:
+            merged.update(piece)
+        elif type(piece) is list:
+            merged.update(_columns_as_objects(piece))
+        else:
+            raise ValueError("'ops' is not an object or columns")
+    return merged
+
+
+def _columns_as_objects(raw: Any) -> dict[str, Any]:
+    """A compact piece in the object form, for a chain that mixes forms: every op's fields
+    are checked again where the merged state is read."""
+    at, shapes, shape_of, outputs, extras = _columns(raw)
+    objects: dict[str, Any] = {}
+    for pos, index, output in zip(at, shape_of, outputs, strict=True):
+        shape = shapes[index]
+        if type(shape) is not list or len(shape) != 4:
+            raise ValueError("an op shape is malformed")
+        objects[str(pos)] = {
+            "kind": shape[0],
+            "name": shape[1],
+            "status": shape[2],
+            "output": output,
+            "error": None,
+            "attempts": shape[3],
+        }
+    for i, error, notes in extras:
+        op = objects[str(at[i])]
+        op["error"] = error
+        if notes is not None:
+            op["annotations"] = notes
+    return objects
+
+
+def _merge_columns(pieces: list[Any]) -> list[Any]:
+    at: list[int] = []
+    shapes: list[Any] = []
+    shape_of: list[int] = []
+    outputs: list[Any] = []
+    extras: list[list[Any]] = []
+    for piece in pieces:
+        p_at, p_shapes, p_shape_of, p_outputs, p_extras = _columns(piece)
+        base, shift = len(at), len(shapes)
+        at += p_at
+        shapes += p_shapes
+        shape_of += [i + shift for i in p_shape_of] if shift else p_shape_of
+        outputs += p_outputs
+        extras += [[i + base, e, a] for i, e, a in p_extras] if base else p_extras
+    # A later piece's op replaces an earlier one's at the same position.
+    latest = dict(zip(at, range(len(at)), strict=True))
+    if len(latest) != len(at):
+        kept = list(latest.values())
+        renumber = {old: new for new, old in enumerate(kept)}
+        at = list(latest)
+        shape_of = [shape_of[i] for i in kept]
+        outputs = [outputs[i] for i in kept]
+        extras = [[renumber[i], e, a] for i, e, a in extras if i in renumber]
+        extras.sort(key=lambda x: x[0])
+    return [OPS_COLUMNS, at, shapes, shape_of, outputs, extras]

@@ -338,7 +338,7 @@ class Driver:
         if prev is not None and isinstance(store, SnapshotSegments) and prev.keys() <= marks.keys():
             changed = [pos for pos, m in marks.items() if prev.get(pos) != m]
             if self._chain_ops + len(changed) <= max(self._whole_ops, self.snapshot_every):
-                part = state.to_dict(only_ops=changed)
+                part = state.to_stored(only_ops=changed)
                 if state.input is self._snap_input:  # set once at the start: never repeated
                     del part["input"]
                 segment = Snapshot(state.execution_id, seq, part)
@@ -347,7 +347,7 @@ class Driver:
                     self._snap_marks = marks
                     self.last_snapshot = seq
                     return
-        await store.save_snapshot(Snapshot(state.execution_id, seq, state.to_dict()))
+        await store.save_snapshot(Snapshot(state.execution_id, seq, state.to_stored()))
         self._snap_marks = marks
         self._snap_input = state.input
         self._whole_ops = len(marks)

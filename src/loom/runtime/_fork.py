@@ -276,7 +276,7 @@ async def fork(
             )
     await store.take_over(envelopes, from_fence=0)
     try:
-        await store.save_snapshot(Snapshot(eid, state.last_sequence, state.to_dict()))
+        await store.save_snapshot(Snapshot(eid, state.last_sequence, state.to_stored()))
     except StorageError:
         pass  # a snapshot only saves time: the branch still loads, from its log
     ref = None

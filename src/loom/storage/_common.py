@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import Any
 
 from loom.errors import (
     CorruptEventError,
@@ -28,7 +29,7 @@ from loom.model import (
     decode_json,
 )
 from loom.model._events import as_event_type, has_derived_form
-from loom.model._state import state_from_stored
+from loom.model._state import merge_stored_ops, state_from_stored
 from loom.storage._spi import Snapshot
 
 __all__ = [
@@ -351,7 +352,7 @@ def merge_segments(whole: Snapshot, segments: Iterable[tuple[int, int, str, str]
     eid = whole.execution_id
     state = whole.state
     sequence = whole.sequence
-    copied = False
+    pieces: list[Any] = []
     for seg_seq, base, state_json, stored in segments:
         if not isinstance(seg_seq, int) or seg_seq <= sequence:
             continue
@@ -373,21 +374,30 @@ def merge_segments(whole: Snapshot, segments: Iterable[tuple[int, int, str, str]
                 execution_id=eid,
             ) from exc
         ops = part.get("ops", {}) if isinstance(part, dict) else None
-        if not isinstance(ops, dict) or not isinstance(state.get("ops"), dict):
+        if not isinstance(ops, dict | list) or not isinstance(state.get("ops"), dict | list):
             raise CorruptEventError(
                 f"the snapshot segment of {eid!r} at sequence {seg_seq} is malformed",
                 execution_id=eid,
                 sequence=seg_seq,
             )
-        if not copied:  # the whole row's dict may be a cached decode: never change it
+        if not pieces:  # the whole row's dict may be a cached decode: never change it
             state = dict(state)
-            state["ops"] = dict(state["ops"])
-            copied = True
-        merged_ops = state["ops"]
+            pieces.append(state["ops"])
         state.update(part)
-        merged_ops.update(ops)
-        state["ops"] = merged_ops
+        if ops != {}:  # none changed (or an old segment without the key): nothing to merge
+            pieces.append(ops)
         sequence = seg_seq
+    if pieces:
+        # All ops at once: merging a compact chain piece by piece would re-copy the growing
+        # columns at every segment.
+        try:
+            state["ops"] = merge_stored_ops(pieces)
+        except ValueError as exc:
+            raise CorruptEventError(
+                f"the snapshot chain of {eid!r} up to sequence {sequence} is malformed: {exc}",
+                execution_id=eid,
+                sequence=sequence,
+            ) from exc
     return Snapshot(eid, sequence, state)
 
 
