@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import random
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -196,10 +197,10 @@ def test_the_compact_form_loads_back_equal() -> None:
     loaded = validate_snapshot(Snapshot(EID, 7, _state().to_stored()), EID)
     assert loaded.ops[0].status is OpStatus.COMPLETED and loaded.ops[0].kind is OpKind.STEP
     assert loaded.ops[1].annotations == {"tokens": 4} and loaded.ops[2].error == {"type": "E"}
-    # Ops sharing kind, name, status and attempts share one shape.
     many = ExecutionState(EID, last_sequence=0)
     many.ops = {i: OpRecord(OpKind.STEP, "s", OpStatus.COMPLETED, i, None, 1) for i in range(5)}
-    assert many.to_stored()["ops"][2] == [["step", "s", "completed", 1]]
+    # Ops sharing kind, name, status and attempts share one shape; positions are runs.
+    assert many.to_stored()["ops"][1:4] == [[0, 5], [["step", "s", "completed", 1]], [0, 5]]
 
 
 def _col(index: int, change: Callable[[list[Any]], None]) -> Callable[[dict[str, Any]], None]:
@@ -216,26 +217,36 @@ def _put(i: int, value: Any) -> Callable[[list[Any]], None]:
     return apply
 
 
-# _state().to_stored()["ops"]: positions [0, 1, 2, 10], four shapes, extras at ops 1 and 2.
+# _state().to_stored()["ops"]: position runs [0, 3, 10, 1] (0-2 and 10), four shapes, shape
+# runs [0, 1, 1, 1, 2, 1, 3, 1], four outputs, extras at ops 1 and 2.
 HOSTILE_COLUMNS: dict[str, Callable[[dict[str, Any]], None]] = {
     "form 3": lambda d: d["ops"].__setitem__(0, 3),
     "form 2.0": lambda d: d["ops"].__setitem__(0, 2.0),
     "form missing": lambda d: d["ops"].pop(0),
     "a column more": lambda d: d["ops"].append([]),
     "ops a string": _set("ops", "[2]"),
-    "position true": _col(1, _put(1, True)),
-    "position 1.0": _col(1, _put(1, 1.0)),
-    "position a string": _col(1, _put(2, "2")),
-    "position negative": _col(1, _put(2, -2)),
-    "position twice": _col(1, _put(2, 1)),
-    "positions an object": lambda d: d["ops"].__setitem__(1, {"0": 0}),
-    "one position fewer": _col(1, lambda c: c.pop()),
+    "position run start true": _col(1, lambda c: c.__setitem__(slice(None), [True, 1, 0, 3])),
+    "position run start 10.0": _col(1, _put(2, 10.0)),
+    "position run start a string": _col(1, _put(2, "10")),
+    "position run start negative": _col(1, _put(2, -10)),
+    "position repeated": _col(1, _put(2, 2)),
+    "position runs overlap": _col(1, lambda c: c.__setitem__(slice(None), [0, 3, 1, 1])),
+    "position run of none": _col(1, lambda c: c.__setitem__(slice(None), [0, 4, 10, 0])),
+    "position run length true": _col(1, lambda c: c.__setitem__(slice(None), [0, 3, 1, True])),
+    "position runs odd": _col(1, lambda c: c.pop()),
+    "position runs an object": lambda d: d["ops"].__setitem__(1, {"0": 3}),
+    "positions one op short": _col(1, _put(1, 2)),
+    "positions a billion ops": _col(1, _put(1, 10**9)),
     "one output more": _col(4, lambda c: c.append(None)),
-    "one shape index fewer": _col(3, lambda c: c.pop()),
+    "outputs an object": lambda d: d["ops"].__setitem__(4, {}),
     "shape index out of range": _col(3, _put(0, 4)),
     "shape index negative": _col(3, _put(0, -1)),
-    "shape index true": _col(3, _put(1, True)),
+    "shape index true": _col(3, _put(2, True)),
     "shape index 0.0": _col(3, _put(0, 0.0)),
+    "shape run of none": _col(3, lambda c: c.__setitem__(slice(None), [0, 2, 1, 0, 2, 1, 3, 1])),
+    "shape runs one op over": _col(3, _put(1, 2)),
+    "shape runs odd": _col(3, lambda c: c.pop()),
+    "shapes an object": lambda d: d["ops"].__setitem__(2, {}),
     "shape three long": _col(2, lambda c: c[0].pop()),
     "shape an object": _col(2, _put(0, {"kind": "step"})),
     "shape status unknown": _col(2, lambda c: c[0].__setitem__(2, "done")),
@@ -260,7 +271,7 @@ HOSTILE_COLUMNS: dict[str, Callable[[dict[str, Any]], None]] = {
 @pytest.mark.parametrize("case", sorted(HOSTILE_COLUMNS))
 def test_compact_ops_not_in_the_form_loom_writes_are_refused(case: str) -> None:
     d = _state().to_stored()
-    assert d["ops"][1] == [0, 1, 2, 10] and len(d["ops"][2]) == 4
+    assert d["ops"][1] == [0, 3, 10, 1] and d["ops"][3] == [0, 1, 1, 1, 2, 1, 3, 1]
     HOSTILE_COLUMNS[case](d)
     with pytest.raises(CorruptEventError, match="is unusable"):
         validate_snapshot(Snapshot(EID, 7, d), EID)
@@ -303,7 +314,7 @@ async def test_a_hostile_compact_segment_is_ignored(tmp_path: Path) -> None:
     seq = truth.last_sequence
     await store.save_snapshot(Snapshot(EID, 1, replay((await store.read(EID))[:2]).to_stored()))
     lie = truth.to_stored(only_ops=[3])
-    lie["ops"][1] = [True]  # position true: would alias position 1 if merged
+    lie["ops"][1] = [True, 1]  # position true: would alias position 1 if merged
     assert await store.save_snapshot_segment(Snapshot(EID, seq, lie), 1)
     await rt.close()
     store = loom.SQLiteStore(tmp_path / "loom.db")
@@ -311,3 +322,31 @@ async def test_a_hostile_compact_segment_is_ignored(tmp_path: Path) -> None:
     rt.register(strict_flow)
     assert await rt.load_state(EID) == truth
     await rt.close()
+
+
+def test_compact_chains_merge_as_the_object_form_does() -> None:
+    rng = random.Random(13)
+    for _ in range(200):
+        state = ExecutionState(EID, last_sequence=0)
+        pieces, objects = [], []
+        for _ in range(rng.randint(1, 5)):
+            touched = rng.sample(range(12), rng.randint(0, 6))
+            for pos in touched:
+                state.ops[pos] = OpRecord(
+                    rng.choice([OpKind.STEP, OpKind.GATE, "ext.k"]),
+                    rng.choice("ab"),
+                    rng.choice(list(OpStatus)),
+                    rng.choice([None, 1, {"v": pos}]),
+                    rng.choice([None, None, {"type": "E"}]),
+                    rng.randint(0, 2),
+                    rng.choice([None, None, {"tokens": 1}]),
+                )
+            pieces.append(state.to_stored(only_ops=touched)["ops"])
+            objects.append(state.to_dict(only_ops=touched)["ops"])
+        d = state.to_dict()
+        d["ops"] = merge_stored_ops(objects)
+        expected = state_from_stored(d)
+        d["ops"] = merge_stored_ops(pieces)
+        assert type(d["ops"]) is list
+        got = state_from_stored(d)
+        assert got == expected and list(got.ops) == list(expected.ops)

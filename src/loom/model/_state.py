@@ -6,6 +6,8 @@ import copy
 import enum
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from itertools import chain, repeat
+from operator import add
 from typing import Any
 
 from loom.model._events import TERMINAL_STATUSES, ExecutionStatus
@@ -406,12 +408,19 @@ def _canonical_positions(raw: dict[Any, Any]) -> bool:
 
 # ----------------------------------------------------------------- the compact ops form
 #
-# ``[2, positions, shapes, shape_of, outputs, extras]``: ``positions[i]`` holds an op whose
-# ``(kind, name, status, attempts)`` is ``shapes[shape_of[i]]`` and whose output is
-# ``outputs[i]``; ``extras`` lists ``[i, error, annotations]`` for the few ops that have either.
-# One object per op (six repeated keys) made a 10,000-step snapshot ~1 MB whose decoding and
-# per-op checking cost more than the rest of a load; columns of integers decode and check in C.
-# The leading 2 is the form's version: the object form (``to_dict``'s) stays readable.
+# ``[2, position_runs, shapes, shape_runs, outputs, extras]``, for n ops in stored order:
+#
+# * ``position_runs``: ``[start, length, start, length, ...]``, the ops' positions as runs of
+#   consecutive integers (a flow's positions mostly are one run);
+# * ``shapes``: the distinct ``[kind, name, status, attempts]`` of the ops;
+# * ``shape_runs``: ``[shape index, count, ...]``, each op's shape as runs;
+# * ``outputs``: the n outputs;
+# * ``extras``: ``[op index, error, annotations]`` for the few ops that have either.
+#
+# One object per op with six repeated keys made a 10,000-step snapshot ~1 MB whose decoding
+# and per-op checking cost more than the rest of a load; here only the outputs are per op, and
+# the frame is checked on the short run lists. The leading 2 is the form's version: the object
+# form (``to_dict``'s) stays readable.
 
 OPS_COLUMNS = 2
 
@@ -419,21 +428,30 @@ OPS_COLUMNS = 2
 def ops_to_stored(picked: Iterable[tuple[int, OpRecord]]) -> list[Any]:
     """The compact column form of ``(position, op)`` pairs (see above)."""
     shapes: dict[tuple[str, str, str, int], int] = {}
-    at: list[int] = []
-    shape_of: list[int] = []
+    position_runs: list[int] = []
+    shape_runs: list[int] = []
     outputs: list[Any] = []
     extras: list[list[Any]] = []
+    next_pos = last_shape = -1
     for i, (pos, op) in enumerate(picked):
         key = (str(op.kind), op.name, op.status.value, op.attempts)
         index = shapes.get(key)
         if index is None:
             index = shapes[key] = len(shapes)
-        at.append(pos)
-        shape_of.append(index)
+        if pos == next_pos:
+            position_runs[-1] += 1
+        else:
+            position_runs += (pos, 1)
+        next_pos = pos + 1
+        if index == last_shape:
+            shape_runs[-1] += 1
+        else:
+            shape_runs += (index, 1)
+            last_shape = index
         outputs.append(op.output)
         if op.error is not None or op.annotations is not None:
             extras.append([i, op.error, op.annotations])
-    return [OPS_COLUMNS, at, [list(k) for k in shapes], shape_of, outputs, extras]
+    return [OPS_COLUMNS, position_runs, [list(k) for k in shapes], shape_runs, outputs, extras]
 
 
 def _ints_in(values: list[Any], low: int, high: int | None) -> bool:
@@ -445,25 +463,49 @@ def _ints_in(values: list[Any], low: int, high: int | None) -> bool:
     return min(values) >= low and (high is None or max(values) < high)
 
 
-def _columns(raw: Any) -> tuple[list[int], list[Any], list[int], list[Any], list[Any]]:
-    """The five columns of one compact ops piece, or ValueError if their frame is off
-    (lengths, index types and ranges, a repeated position); shapes and extras' contents are
-    checked where the op records are built."""
+def _runs(runs: Any, n: int, high: int | None, what: str) -> tuple[list[int], list[int]]:
+    """The (values, counts) of a run list covering exactly ``n`` ops, or ValueError."""
+    if type(runs) is not list or len(runs) % 2:
+        raise ValueError(f"the op {what} runs are malformed")
+    values, counts = runs[0::2], runs[1::2]
+    if not (_ints_in(values, 0, high) and _ints_in(counts, 1, None)):
+        raise ValueError(f"an op {what} run is malformed")
+    if sum(counts) != n:  # before anything is expanded: a run cannot claim a billion ops
+        raise ValueError(f"the op {what} runs do not cover the ops")
+    return values, counts
+
+
+def _positions_distinct(starts: list[int], lengths: list[int]) -> bool:
+    spans = sorted(zip(starts, lengths, strict=True))
+    end = 0
+    for start, length in spans:
+        if start < end:
+            return False
+        end = start + length
+    return True
+
+
+_Frame = tuple[list[int], list[int], list[Any], list[int], list[int], list[Any], list[Any]]
+
+
+def _frame(raw: Any) -> _Frame:
+    """The parts of one compact ops piece, or ValueError if its frame is off: run lists that
+    are not integers, do not cover the ops or repeat a position, a shape index out of range,
+    extras not at distinct ops in order. Shapes' and extras' contents are checked where the op
+    records are built."""
     if type(raw) is not list or len(raw) != 6 or type(raw[0]) is not int:
         raise ValueError("'ops' columns are malformed")
     if raw[0] != OPS_COLUMNS:
         raise ValueError(f"'ops' columns are of an unknown form {raw[0]!r}")
-    at, shapes, shape_of, outputs, extras = raw[1:]
-    if not all(type(c) is list for c in (at, shapes, shape_of, outputs, extras)):
+    _, position_runs, shapes, shape_runs, outputs, extras = raw
+    if type(shapes) is not list or type(outputs) is not list or type(extras) is not list:
         raise ValueError("an 'ops' column is not a list")
-    n = len(at)
-    if len(shape_of) != n or len(outputs) != n:
-        raise ValueError("the 'ops' columns differ in length")
-    if not _ints_in(at, 0, None) or len(set(at)) != n:
+    n = len(outputs)
+    starts, lengths = _runs(position_runs, n, None, "position")
+    if not _positions_distinct(starts, lengths):
         # Integers only (true or 1.0 would alias 1), none negative, none twice.
-        raise ValueError("an op position is not a distinct integer >= 0")
-    if not _ints_in(shape_of, 0, len(shapes)):
-        raise ValueError("an op's shape index is malformed")
+        raise ValueError("an op position is repeated")
+    shape_of, counts = _runs(shape_runs, n, len(shapes), "shape")
     last = -1
     for extra in extras:
         if type(extra) is not list or len(extra) != 3:
@@ -472,11 +514,15 @@ def _columns(raw: Any) -> tuple[list[int], list[Any], list[int], list[Any], list
         if type(i) is not int or not last < i < n:
             raise ValueError("an op's extra record is not at a later op")
         last = i
-    return at, shapes, shape_of, outputs, extras
+    return starts, lengths, shapes, shape_of, counts, outputs, extras
+
+
+def _expand(starts: list[int], lengths: list[int]) -> list[int]:
+    return list(chain.from_iterable(map(range, starts, map(add, starts, lengths))))
 
 
 def _ops_from_columns(raw: Any) -> dict[int, OpRecord]:
-    at, shapes, shape_of, outputs, extras = _columns(raw)
+    starts, lengths, shapes, shape_of, counts, outputs, extras = _frame(raw)
     kinds, statuses = OpKind._value2member_map_, OpStatus._value2member_map_
     built: list[tuple[str, str, OpStatus, int]] = []
     for shape in shapes:
@@ -492,11 +538,10 @@ def _ops_from_columns(raw: Any) -> dict[int, OpRecord]:
         ):
             raise ValueError("an op shape is malformed")
         built.append((kinds.get(kind, kind), name, member, attempts))  # type: ignore[arg-type]
+    per_op = chain.from_iterable(map(repeat, map(built.__getitem__, shape_of), counts))
     records = [
         OpRecord(kind, name, status, output, None, attempts, None)
-        for (kind, name, status, attempts), output in zip(
-            map(built.__getitem__, shape_of), outputs, strict=True
-        )
+        for (kind, name, status, attempts), output in zip(per_op, outputs, strict=True)
     ]
     for i, error, notes in extras:
         if (
@@ -507,7 +552,7 @@ def _ops_from_columns(raw: Any) -> dict[int, OpRecord]:
             raise ValueError("an op's extra record is malformed")
         record = records[i]
         record.error, record.annotations = error, notes
-    return dict(zip(at, records, strict=True))
+    return dict(zip(_expand(starts, lengths), records, strict=True))
 
 
 def merge_stored_ops(pieces: list[Any]) -> Any:
@@ -540,9 +585,11 @@ def merge_stored_ops(pieces: list[Any]) -> Any:
 def _columns_as_objects(raw: Any) -> dict[str, Any]:
     """A compact piece in the object form, for a chain that mixes forms: every op's fields
     are checked again where the merged state is read."""
-    at, shapes, shape_of, outputs, extras = _columns(raw)
+    starts, lengths, shapes, shape_of, counts, outputs, extras = _frame(raw)
+    at = _expand(starts, lengths)
+    per_op = chain.from_iterable(map(repeat, shape_of, counts))
     objects: dict[str, Any] = {}
-    for pos, index, output in zip(at, shape_of, outputs, strict=True):
+    for pos, index, output in zip(at, per_op, outputs, strict=True):
         shape = shapes[index]
         if type(shape) is not list or len(shape) != 4:
             raise ValueError("an op shape is malformed")
@@ -563,27 +610,53 @@ def _columns_as_objects(raw: Any) -> dict[str, Any]:
 
 
 def _merge_columns(pieces: list[Any]) -> list[Any]:
-    at: list[int] = []
+    starts: list[int] = []
+    lengths: list[int] = []
     shapes: list[Any] = []
-    shape_of: list[int] = []
+    shape_runs: list[int] = []
     outputs: list[Any] = []
     extras: list[list[Any]] = []
     for piece in pieces:
-        p_at, p_shapes, p_shape_of, p_outputs, p_extras = _columns(piece)
-        base, shift = len(at), len(shapes)
-        at += p_at
+        p_starts, p_lengths, p_shapes, p_shape_of, p_counts, p_outputs, p_extras = _frame(piece)
+        base, shift = len(outputs), len(shapes)
+        starts += p_starts
+        lengths += p_lengths
+        for index, count in zip(p_shape_of, p_counts, strict=True):
+            shape_runs += (index + shift, count)
         shapes += p_shapes
-        shape_of += [i + shift for i in p_shape_of] if shift else p_shape_of
         outputs += p_outputs
         extras += [[i + base, e, a] for i, e, a in p_extras] if base else p_extras
-    # A later piece's op replaces an earlier one's at the same position.
+    if _positions_distinct(starts, lengths):  # the usual chain: each segment adds new ops
+        position_runs = [v for run in zip(starts, lengths, strict=True) for v in run]
+        return [OPS_COLUMNS, position_runs, shapes, shape_runs, outputs, extras]
+    # Some ops changed since an earlier piece: a later piece's op replaces the earlier one's.
+    at = _expand(starts, lengths)
+    shape_of = list(chain.from_iterable(map(repeat, shape_runs[0::2], shape_runs[1::2])))
     latest = dict(zip(at, range(len(at)), strict=True))
-    if len(latest) != len(at):
-        kept = list(latest.values())
-        renumber = {old: new for new, old in enumerate(kept)}
-        at = list(latest)
-        shape_of = [shape_of[i] for i in kept]
-        outputs = [outputs[i] for i in kept]
-        extras = [[renumber[i], e, a] for i, e, a in extras if i in renumber]
-        extras.sort(key=lambda x: x[0])
-    return [OPS_COLUMNS, at, shapes, shape_of, outputs, extras]
+    kept = list(latest.values())
+    renumber = {old: new for new, old in enumerate(kept)}
+    merged_extras = sorted(
+        ([renumber[i], e, a] for i, e, a in extras if i in renumber), key=lambda x: x[0]
+    )
+    return [
+        OPS_COLUMNS,
+        _runs_of(list(latest), consecutive=True),
+        shapes,
+        _runs_of([shape_of[i] for i in kept], consecutive=False),
+        [outputs[i] for i in kept],
+        merged_extras,
+    ]
+
+
+def _runs_of(values: list[int], *, consecutive: bool) -> list[int]:
+    """``values`` as ``[value, count, ...]`` runs: of consecutive integers (``start, length``)
+    or of repeats (``value, count``)."""
+    runs: list[int] = []
+    expect: int | None = None
+    for value in values:
+        if value == expect:
+            runs[-1] += 1
+        else:
+            runs += (value, 1)
+        expect = value + 1 if consecutive else value
+    return runs

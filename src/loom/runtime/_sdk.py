@@ -206,10 +206,13 @@ def _refuse_non_finite(value: Any) -> bool:
 _PLAIN_DEPTH = 128
 
 
+_EXACT = (int, str, float, bool)
+
+
 class _Codec:
     """JSON-mode (de)serialisation through a pydantic TypeAdapter; ``Any`` passes through."""
 
-    __slots__ = ("adapter", "annotation")
+    __slots__ = ("adapter", "annotation", "exact")
 
     def __init__(self, annotation: Any) -> None:
         self.annotation = annotation
@@ -218,6 +221,9 @@ class _Codec:
             if annotation is Any or annotation is inspect.Parameter.empty
             else pydantic.TypeAdapter(annotation)
         )
+        #: A JSON scalar type whose decoded values load as themselves (the lax validator
+        #: returns an int, str, float or bool of exactly that type unchanged).
+        self.exact: type | None = next((t for t in _EXACT if annotation is t), None)
 
     def dump(self, value: Any, what: str) -> Any:
         if self.adapter is None:
@@ -230,7 +236,7 @@ class _Codec:
             raise PayloadError(f"{what} is not storable as JSON: {exc!r}") from exc
 
     def load(self, data: Any) -> Any:
-        if self.adapter is None:
+        if self.adapter is None or type(data) is self.exact:
             return data
         return self.adapter.validate_python(data)
 
