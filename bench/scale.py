@@ -7,12 +7,15 @@ Tables (printed) and plots (``bench/results/scale-*.png``, when matplotlib from 
 extra is installed):
 
 * **load / recover vs log length**, SQLite, with snapshots (every 256 events, the default) as
-  chained segments, with the whole-state snapshots of before (same build, the store's segments
-  hidden from the runtime), and without snapshots. *load* is ``runtime.load_state`` from a
-  fresh store object. *recover* is a fresh runtime's ``recover(id)`` until the flow's result
-  is in hand (the log holds N completed steps of a process that died before step N+1):
-  loading, taking over, replaying N steps from the log, running the new one and recording the
-  flow's completion (two commits).
+  chained segments whose ops are stored compactly (columns), the same chain with one object
+  per op (how ops were stored before, same build), the whole-state snapshots of before
+  segments (same build, the store's segments hidden from the runtime, ops as objects), and
+  without snapshots. *load* is ``runtime.load_state`` from a fresh store object (median of 5).
+  *recover* is a fresh runtime's ``recover(id)`` until the flow's result is in hand (the log
+  holds N completed steps of a process that died before step N+1), median of 3, each on a
+  copy of the crashed log: loading, taking over, replaying N steps from the log, running the
+  new one and recording the flow's completion (two commits). Wall and CPU
+  (``time.process_time``: the process, all threads) milliseconds.
 * **snapshot bytes** written while the N-step log was written, and their ratio to the log's
   own bytes (linear growth keeps the ratio flat).
 * **memory per suspended execution**: Python heap (tracemalloc) per execution after starting
@@ -34,6 +37,7 @@ import asyncio
 import gc
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -45,6 +49,8 @@ from typing import Any
 
 import loom
 from loom.model import encode_json
+from loom.model._state import merge_stored_ops
+from loom.storage import Snapshot
 
 RESULTS = Path(__file__).parent / "results"
 PG_DSN = os.environ.get("LOOM_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
@@ -92,18 +98,29 @@ class CountingStore:
     rows, measured on the same build).
     """
 
-    def __init__(self, inner: Any, *, segments: bool = True) -> None:
+    def __init__(self, inner: Any, *, segments: bool = True, objects: bool = False) -> None:
         self.inner = inner
         self.segments = segments
+        self.objects = objects
         self.snapshot_bytes = 0
         self.snapshots = 0
 
+    def _form(self, snapshot: Any) -> Any:
+        if not self.objects:
+            return snapshot
+        # The ops as one object per op, as snapshots stored them before the compact form (a
+        # chain of one compact piece merges into that form).
+        state = dict(snapshot.state, ops=merge_stored_ops([{}, snapshot.state["ops"]]))
+        return Snapshot(snapshot.execution_id, snapshot.sequence, state)
+
     async def save_snapshot(self, snapshot: Any) -> None:
+        snapshot = self._form(snapshot)
         self.snapshot_bytes += len(encode_json(snapshot.state, limits=_BIG).encode())
         self.snapshots += 1
         await self.inner.save_snapshot(snapshot)
 
     async def _save_segment(self, segment: Any, base: int) -> bool:
+        segment = self._form(segment)
         kept = bool(await self.inner.save_snapshot_segment(segment, base))
         if kept:
             self.snapshot_bytes += len(encode_json(segment.state, limits=_BIG).encode())
@@ -122,12 +139,14 @@ _BIG = loom.model.PayloadLimits(max_bytes=1 << 30, max_depth=900)
 
 
 async def _write_log(
-    path: Path, n: int, snapshot_every: int, segments: bool
+    path: Path, n: int, snapshot_every: int, segments: bool, objects: bool
 ) -> tuple[str, int, int]:
     """Write an execution with ``n`` completed steps whose step n+1 never finishes; return
     (id, snapshot bytes, log bytes)."""
     _release.clear()
-    store = CountingStore(loom.SQLiteStore(path, synchronous="NORMAL"), segments=segments)
+    store = CountingStore(
+        loom.SQLiteStore(path, synchronous="NORMAL"), segments=segments, objects=objects
+    )
     runtime = loom.WorkflowRuntime(store, snapshot_every=snapshot_every, timers=False)  # type: ignore[arg-type]
     runtime.register(long_flow)
     handle = await runtime.start(long_flow, n)
@@ -147,64 +166,89 @@ async def _write_log(
     return eid, store.snapshot_bytes, log_bytes
 
 
-async def _load_ms(path: Path, eid: str, reps: int = 5) -> float:
-    times = []
+async def _load_ms(path: Path, eid: str, reps: int = 5) -> tuple[float, float]:
+    """Median wall and CPU (this process's, all threads) milliseconds of a load."""
+    walls, cpus = [], []
     for _ in range(reps):
         store = loom.SQLiteStore(path)
         runtime = loom.WorkflowRuntime(store, timers=False)
         runtime.register(long_flow)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         await runtime.load_state(eid)
-        times.append((time.perf_counter() - t0) * 1e3)
+        cpus.append((time.process_time() - c0) * 1e3)
+        walls.append((time.perf_counter() - t0) * 1e3)
         await runtime.close()
-    return statistics.median(times)
+    return statistics.median(walls), statistics.median(cpus)
 
 
-async def _recover_ms(path: Path, eid: str, snapshot_every: int, segments: bool) -> float:
-    store = CountingStore(loom.SQLiteStore(path), segments=segments)
-    runtime = loom.WorkflowRuntime(store, snapshot_every=snapshot_every, timers=False)  # type: ignore[arg-type]
-    runtime.register(long_flow)
-    before = await store.last_sequence(eid)
-    _release.set()
-    t0 = time.perf_counter()
-    handle = await runtime.recover(eid)
-    assert await handle.result() == "new"
-    elapsed = (time.perf_counter() - t0) * 1e3
-    assert await store.last_sequence(eid) > before
-    await runtime.close()
-    return elapsed
+def _copy_db(path: Path, copy: Path) -> None:
+    for suffix in ("", "-wal", "-shm"):
+        if Path(f"{path}{suffix}").exists():
+            shutil.copyfile(f"{path}{suffix}", f"{copy}{suffix}")
 
 
-#: (label, snapshot_every, segments): today's chained snapshots, the whole-state snapshots of
-#: before (same build, segments hidden), and none at all.
+async def _recover_ms(
+    path: Path, eid: str, snapshot_every: int, segments: bool, reps: int = 3
+) -> tuple[float, float]:
+    """Median wall and CPU milliseconds of a recovery, each from a copy of the crashed log."""
+    walls, cpus = [], []
+    for rep in range(reps):
+        copy = path.with_name(f"{path.stem}-recover-{rep}.db")
+        _copy_db(path, copy)
+        store = CountingStore(loom.SQLiteStore(copy), segments=segments)
+        runtime = loom.WorkflowRuntime(store, snapshot_every=snapshot_every, timers=False)  # type: ignore[arg-type]
+        runtime.register(long_flow)
+        before = await store.last_sequence(eid)
+        _release.set()
+        t0, c0 = time.perf_counter(), time.process_time()
+        handle = await runtime.recover(eid)
+        assert await handle.result() == "new"
+        cpus.append((time.process_time() - c0) * 1e3)
+        walls.append((time.perf_counter() - t0) * 1e3)
+        assert await store.last_sequence(eid) > before
+        await runtime.close()
+    return statistics.median(walls), statistics.median(cpus)
+
+
+#: (label, snapshot_every, segments, objects): today's chained snapshots with compact ops, the
+#: same chain with one object per op (how ops were stored before), the whole-state snapshots
+#: of before segments (same build, segments hidden), and none at all.
 MODES = (
-    ("segments", 256, True),
-    ("whole (before)", 256, False),
-    ("no snapshots", 10**9, True),
+    ("segments", 256, True, False),
+    ("segments, objects", 256, True, True),
+    ("whole, objects", 256, False, True),
+    ("no snapshots", 10**9, True, False),
 )
 
 
 async def log_length(lengths: list[int], tmp: Path) -> list[dict[str, Any]]:
     rows = []
+    print(
+        f"  {'':>6}       {'':<17}  {'load wall':>9} {'cpu':>7}  {'recover wall':>12} {'cpu':>7}"
+        f"  {'snapshot bytes':>14}"
+    )
     for n in lengths:
-        for label, every, segments in MODES:
-            path = tmp / f"len-{n}-{every}-{segments}.db"
-            eid, snap_bytes, log_bytes = await _write_log(path, n, every, segments)
-            load = await _load_ms(path, eid)
-            recover = await _recover_ms(path, eid, every, segments)
+        for label, every, segments, objects in MODES:
+            path = tmp / f"len-{n}-{every}-{segments}-{objects}.db"
+            eid, snap_bytes, log_bytes = await _write_log(path, n, every, segments, objects)
+            load, load_cpu = await _load_ms(path, eid)
+            recover, recover_cpu = await _recover_ms(path, eid, every, segments)
             rows.append(
                 {
                     "steps": n,
                     "mode": label,
                     "load_ms": load,
+                    "load_cpu_ms": load_cpu,
                     "recover_ms": recover,
+                    "recover_cpu_ms": recover_cpu,
                     "snapshot_bytes": snap_bytes,
                     "log_bytes": log_bytes,
                 }
             )
             print(
-                f"  {n:>6} steps {label:<16} load {load:8.2f} ms  recover {recover:8.2f} ms  "
-                f"snapshots {snap_bytes:>11,} B ({snap_bytes / max(1, log_bytes):.1f}x log)",
+                f"  {n:>6} steps {label:<17}  {load:7.2f}ms {load_cpu:5.2f}ms  "
+                f"{recover:10.2f}ms {recover_cpu:5.2f}ms  "
+                f"{snap_bytes:>12,} B ({snap_bytes / max(1, log_bytes):.1f}x log)",
                 flush=True,
             )
     return rows
@@ -388,7 +432,7 @@ def plot(
         xs = [r["steps"] for r in rows]
         axes[0].plot(xs, [r["load_ms"] for r in rows], marker="o", label=mode)
         axes[1].plot(xs, [r["recover_ms"] for r in rows], marker="o", label=mode)
-    for mode in ("segments", "whole (before)"):
+    for mode in ("segments", "whole, objects"):
         snap = [r for r in length_rows if r["mode"] == mode]
         axes[2].plot(
             [r["steps"] for r in snap],
@@ -445,7 +489,11 @@ def main(args: argparse.Namespace) -> None:
     lengths = [int(x) for x in args.lengths.split(",")]
     procs = [int(x) for x in args.procs.split(",") if x]
     print(f"load average {os.getloadavg()[0]:.1f}")
-    print("Load and recovery against log length (SQLite, synchronous=FULL when timed):")
+    print(
+        "Load and recovery against log length (SQLite, synchronous=FULL when timed; median "
+        "wall and CPU ms, CPU = time.process_time, all threads; stdlib json):",
+        flush=True,
+    )
     length_rows, mem = asyncio.run(sqlite_part(lengths, args.suspended))
     if mem:
         print(
