@@ -24,6 +24,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -112,6 +113,9 @@ class PostgresWriter:
         self._held_busy = False
         #: A cursor on it, reused: a new cursor per statement copies the adapters each time.
         self._held_cursor: psycopg.AsyncCursor[tuple[Any, ...]] | None = None
+        #: When it goes back to the pool anyway (the pool's max_lifetime, which it cannot apply
+        #: to a connection it does not hold), so that a long-running writer still recycles it.
+        self._held_until = 0.0
         self.engine: GroupCommit[PostgresWrite] = GroupCommit(
             self._run_batch,
             coalesce=group_commit,
@@ -203,18 +207,21 @@ class PostgresWriter:
                     self._held_busy = False
                     raise
                 self._held_cursor = self._held.cursor()
+                self._held_until = time.monotonic() + pool.max_lifetime
             return self._held, True
         return await pool.getconn(), False
 
     async def _release(self, conn: Conn, held: bool, failed: bool) -> None:
-        """Keep the held connection for the next batch if all went well; otherwise hand it
-        back to the pool, which rolls back whatever is open, or drops it if it is dead."""
+        """Keep the held connection for the next batch if all went well (and it is within the
+        pool's lifetime); otherwise hand it back to the pool, which rolls back whatever is open,
+        or drops it if it is dead or expired."""
         if held:
             self._held_busy = False
             if (
                 not failed
                 and conn.pgconn.transaction_status == TransactionStatus.IDLE
                 and not self._closed()
+                and time.monotonic() < self._held_until
             ):
                 return
             self._held = self._held_cursor = None
