@@ -13,7 +13,14 @@ from typing import Any
 
 from loom.errors import PayloadError
 
-__all__ = ["DEFAULT_LIMITS", "PayloadLimits", "checksum", "decode_json", "encode_json"]
+__all__ = [
+    "DEFAULT_LIMITS",
+    "PayloadLimits",
+    "checksum",
+    "decode_json",
+    "encode_json",
+    "envelope_checksum",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +85,12 @@ def encode_json(
             text.encode()  # lone surrogates cannot be stored as UTF-8
     except (TypeError, ValueError, RecursionError) as exc:
         raise PayloadError(f"{what} is not storable as JSON: {exc}") from exc
+    return checked_json(text, value, limits, what)
+
+
+def checked_json(text: str, value: Any, limits: PayloadLimits, what: str) -> str:
+    """``text`` (``value`` encoded, known to be storable as UTF-8) once it is within
+    ``limits``, else the :class:`PayloadError` saying why not."""
     if _may_be_too_deep(text, limits) and _depth_exceeds(value, limits.max_depth):
         raise PayloadError(f"{what} is nested deeper than {limits.max_depth} levels")
     if len(text) * 4 > limits.max_bytes and len(text.encode()) > limits.max_bytes:
@@ -120,6 +133,32 @@ def _refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+#: The hash every record checksum starts from, copied per record: cheaper than building one
+#: (and parsing its keyword arguments) each time.
+_CHECKSUM_BASE = hashlib.blake2b(digest_size=12)
+
+
 def checksum(*parts: str) -> str:
     """The checksum stored beside each record; any change to a part changes it."""
-    return hashlib.blake2b("\x1f".join(parts).encode(), digest_size=12).hexdigest()
+    h = _CHECKSUM_BASE.copy()
+    h.update("\x1f".join(parts).encode())
+    return h.hexdigest()
+
+
+def envelope_checksum(
+    envelope_id: str,
+    execution_id: str,
+    sequence: int,
+    type: str,
+    payload_json: str,
+    recorded_at: float,
+    fence: int,
+) -> str:
+    """An envelope's checksum: ``checksum`` over its fields (numbers as ``str``, the time as
+    ``repr``), built as one string and hashed once."""
+    h = _CHECKSUM_BASE.copy()
+    h.update(
+        f"{envelope_id}\x1f{execution_id}\x1f{sequence}\x1f{type}\x1f{payload_json}\x1f"
+        f"{recorded_at!r}\x1f{fence}".encode()
+    )
+    return h.hexdigest()

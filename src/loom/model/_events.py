@@ -3,16 +3,24 @@
 from __future__ import annotations
 
 import enum
+import json
+import math
 import os
 import re
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from loom.errors import UnknownEventError
-from loom.model._codec import DEFAULT_LIMITS, PayloadLimits, checksum, encode_json
+from loom.model._codec import (
+    DEFAULT_LIMITS,
+    PayloadLimits,
+    encode_json,
+    envelope_checksum,
+)
 from loom.model._registry import event_type_of, lookup
+from loom.model._vocabulary import StepCompleted
 
 __all__ = [
     "TERMINAL_STATUSES",
@@ -113,6 +121,8 @@ class Envelope:
     payload_json: str = field(repr=False, compare=False, default="")
     #: The typed payload this envelope was built from (or decoded to), once known.
     typed: Any = field(repr=False, compare=False, default=None)
+    #: The checksum, once computed (never copied by ``dataclasses.replace``: not an init field).
+    _checksum: str = field(repr=False, compare=False, default="", init=False)
 
     @classmethod
     def create(
@@ -158,18 +168,27 @@ class Envelope:
         ``envelope_id``: its derived id, inlined here as every step builds one)."""
         kind = event_type_of(event)
         wire = event.to_wire()
-        text = encode_json(wire, limits=limits, what=f"{kind} payload")
-        return cls(
-            envelope_id or f"{execution_id}#{sequence}.{fence}",
-            execution_id,
-            sequence,
-            kind,
-            wire,
-            recorded_at,
-            fence,
-            text,
-            event,
+        text = _step_completed_json(event, limits) if type(event) is StepCompleted else None
+        if text is None:
+            text = encode_json(wire, limits=limits, what=f"{kind} payload")
+        eid = envelope_id or f"{execution_id}#{sequence}.{fence}"
+        # Every step builds one: the slots are filled directly, as a frozen dataclass's own
+        # __init__ does through a slower object.__setattr__ per field, and the checksum the
+        # store writes is computed once here, from the parts at hand.
+        env = _new_object(cls)
+        _set_envelope_id(env, eid)
+        _set_execution_id(env, execution_id)
+        _set_sequence(env, sequence)
+        _set_type(env, kind)
+        _set_payload(env, wire)
+        _set_recorded_at(env, recorded_at)
+        _set_fence(env, fence)
+        _set_payload_json(env, text)
+        _set_typed(env, event)
+        _set_checksum(
+            env, envelope_checksum(eid, execution_id, sequence, kind, text, recorded_at, fence)
         )
+        return env
 
     @property
     def event(self) -> Any:
@@ -188,14 +207,17 @@ class Envelope:
         return typed
 
     def checksum(self) -> str:
-        return checksum(
+        known = self._checksum
+        if known:
+            return known
+        return envelope_checksum(
             self.envelope_id,
             self.execution_id,
-            str(self.sequence),
-            str(self.type),
+            self.sequence,
+            self.type,
             self.payload_json,
-            repr(self.recorded_at),
-            str(self.fence),
+            self.recorded_at,
+            self.fence,
         )
 
     @classmethod
@@ -224,6 +246,73 @@ class Envelope:
             "recorded_at": self.recorded_at,
             "fence": self.fence,
         }
+
+
+_new_object = object.__new__
+# The slots' own setters (what a frozen dataclass's __init__ reaches through object.__setattr__).
+(
+    _set_envelope_id,
+    _set_execution_id,
+    _set_sequence,
+    _set_type,
+    _set_payload,
+    _set_recorded_at,
+    _set_fence,
+    _set_payload_json,
+    _set_typed,
+    _set_checksum,
+) = (getattr(Envelope, f.name).__set__ for f in fields(Envelope))
+
+_encode_str = json.encoder.encode_basestring
+#: Step ids as JSON strings (a flow has a handful of step ids; bounded all the same).
+_STEP_IDS: dict[str, str] = {}
+
+
+def _step_completed_json(e: StepCompleted, limits: PayloadLimits) -> str | None:
+    """``encode_json(e.to_wire())`` for the common record (plain output, no annotations), from
+    pre-encoded keys and step id; None for anything else, which the generic encoder (and its
+    refusals, word for word) then handles."""
+    if e.annotations:
+        return None
+    pos, attempt, out, started = e.position, e.attempt, e.output, e.started_at
+    if type(pos) is not int or type(attempt) is not int:
+        return None
+    kind = type(out)
+    if out is None:
+        output = "null"
+    elif kind is str:
+        output = _encode_str(out)
+    elif kind is int:
+        output = int.__repr__(out)
+    elif kind is bool:
+        output = "true" if out else "false"
+    else:
+        return None
+    if started is None:
+        at = "null"
+    elif type(started) is float and math.isfinite(started):
+        at = float.__repr__(started)
+    else:
+        return None
+    sid = _STEP_IDS.get(e.step_id)
+    if sid is None:
+        if type(e.step_id) is not str:
+            return None
+        sid = _encode_str(e.step_id)
+        if len(_STEP_IDS) < 4096:
+            _STEP_IDS[e.step_id] = sid
+    text = (
+        f'{{"position":{pos},"step_id":{sid},"attempt":{attempt},"output":{output},'
+        f'"started_at":{at}}}'
+    )
+    if not text.isascii():
+        try:
+            text.encode()
+        except UnicodeError:
+            return None
+    if len(text) * 4 > limits.max_bytes or limits.max_depth < 1:
+        return None  # near a limit (this record is one level deep): the generic path decides
+    return text
 
 
 def as_event_type(name: str) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import math
 import traceback
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import datetime, timedelta
@@ -51,14 +52,19 @@ from loom.runtime._intercept import StepCall
 from loom.runtime._sdk import (
     Flow,
     Step,
-    StepInfo,
     _current_step,
     _seconds,
+    new_step_info,
     registered_error,
 )
 from loom.storage import BlobStore, Message, Timer
 
 log = logging.getLogger("loom.steps")
+
+#: How a Step calls its function; a subclass that overrides it is called through it.
+_STEP_INVOKE = Step.invoke
+#: math.isfinite over a step's value once its type is known to be float.
+_finite: Callable[[Any], bool] = math.isfinite
 
 #: The event type of a durable sleep's wait (what a timer wake resumes).
 TIMER_EVENT = "loom.timer"
@@ -322,7 +328,8 @@ class WorkflowContext:
             )
         return pos, op
 
-    def _enter(self) -> None:
+    def _enter(self) -> asyncio.Task[Any] | None:
+        """Check that an operation may start in the current task; return that task."""
         task = asyncio.current_task()
         if task is not None and task is self._unwinding:
             # A ``finally`` (or ``except BaseException``) running while this task unwinds a
@@ -331,6 +338,7 @@ class WorkflowContext:
             raise SuspendExecution("unwinding")
         if task is not None and task is not self._main_task:
             self._tasks.add(task)
+        return task
 
     def _unwind(self, name: str) -> SuspendExecution:
         self._unwinding = asyncio.current_task()
@@ -392,7 +400,7 @@ class WorkflowContext:
         """
         if not isinstance(step, Step):
             raise TypeError(f"ctx.run() takes a @loom.step, not {step!r}")
-        self._enter()
+        task = self._enter()
         pos = self._position
         op = self._driver.state.ops.get(pos)
         if (
@@ -426,17 +434,21 @@ class WorkflowContext:
                 raise _typed(record, self._step_failed(step, pos, op.attempts, record))
             attempt = op.attempts + 1
         driver = self._driver
+        codec = step.output
+        # The step's coroutine is awaited directly unless a subclass changed how it is called.
+        direct = step.is_async and type(step).invoke is _STEP_INVOKE
+        simulation = self.simulation
         while True:
             if driver.fenced_out is not None:
                 raise driver.fenced_out  # never run an effect for a holder that lost its fence
-            info = StepInfo(
-                self.execution_id,
+            info = new_step_info(
+                driver.state.execution_id,
                 pos,
                 attempt,
                 step.id,
                 driver.fence,
                 driver.resources,
-                self.simulation,
+                simulation,
             )
             started_at = driver.clock.now()
             if step.record_start:
@@ -447,19 +459,26 @@ class WorkflowContext:
                 work: Awaitable[Any]
                 chain = driver.intercept or step._chain
                 if chain is None:
-                    work = step.invoke(*args, **kwargs)
+                    work = step.fn(*args, **kwargs) if direct else step.invoke(*args, **kwargs)  # type: ignore[assignment]
                     annotations = None
                     call = None
                 else:
                     call = StepCall(info, step, args, kwargs)
                     work = chain(call)
+                value: R
                 if step.timeout is None:
                     value = await work
                 else:
                     value = await _bounded(step, attempt, work)
                 if call is not None:
                     annotations = call.annotations or None
-                output = step.output.dump(value, f"output of step {step.id!r}")
+                kind = type(value)
+                if codec.adapter is None:
+                    output = value
+                elif kind in codec.as_is and (kind is not float or _finite(value)):
+                    output = value  # a plain scalar: stored as it is (see _Codec.dump)
+                else:
+                    output = codec.dump(value, f"output of step {step.id!r}")
             except Exception as exc:
                 await self._attempt_failed(step, pos, attempt, exc)
                 attempt += 1
@@ -473,8 +492,10 @@ class WorkflowContext:
                 done: EventPayload = completed if as_event is None else as_event(completed)
                 if step.defer_record is not None and step.defer_record(output):
                     driver.defer(done)  # durable with the next write (see Step.defer_record)
+                elif task is driver.task or driver.task is None:
+                    await driver._append([done])  # what append() does in the driver's task
                 else:
-                    await driver.append([done])
+                    await driver.append_elsewhere([done])
             except PayloadError as exc:
                 # The output is not storable (checked while building the record, before the
                 # store saw anything): a step failure, never a crash of the flow's driver.

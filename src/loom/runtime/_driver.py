@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextlib
 import dataclasses
 import logging
 import weakref
@@ -140,7 +142,7 @@ class Driver:
         self._snap_input: Any = None
         self._whole_ops = 0
         self._chain_ops = 0
-        self.lock = asyncio.Lock()
+        self.lock = _Turns()
         self.pending_ui: list[UIPatched] = []
         #: Records that may wait for the next append (a child's start: the child exists
         #: already, and a replay that finds no record attaches to it by id).
@@ -188,8 +190,11 @@ class Driver:
         now = self.clock.now()
         base = self.state.last_sequence + 1
         eid = self.state.execution_id
+        fence, limits = self.fence, self.limits
+        if len(events) == 1:
+            return [Envelope.of(eid, base, events[0], fence=fence, recorded_at=now, limits=limits)]
         return [
-            Envelope.of(eid, base + i, e, fence=self.fence, recorded_at=now, limits=self.limits)
+            Envelope.of(eid, base + i, e, fence=fence, recorded_at=now, limits=limits)
             for i, e in enumerate(events)
         ]
 
@@ -203,57 +208,87 @@ class Driver:
         if self.task is None or asyncio.current_task() is self.task:
             await self._append(events)
             return
+        await self.append_elsewhere(events)
+
+    async def append_elsewhere(self, events: Sequence[EventPayload]) -> None:
+        """:meth:`append` from a task other than the driver's own (one of the flow's
+        ``asyncio.gather`` children): finished even if that task is cancelled meanwhile."""
         write = asyncio.ensure_future(self._append(events))
         write.add_done_callback(_retrieve)
         await asyncio.shield(write)
 
     async def _append(self, events: Sequence[EventPayload]) -> None:
-        async with self.lock:
+        turns = self.lock
+        if turns.held or turns.waiting:
+            await turns.take()
+        else:
+            turns.held = True
+        try:
             if self.fenced_out is not None:
                 raise self.fenced_out
-            if self.state.is_terminal:
+            state = self.state
+            if state.is_terminal:
                 raise ExecutionEndedError(
-                    f"execution {self.state.execution_id!r} is already {self.state.status}; "
+                    f"execution {state.execution_id!r} is already {state.status}; "
                     "nothing can be appended after its terminal event",
-                    execution_id=self.state.execution_id,
-                    status=self.state.status.value,
+                    execution_id=state.execution_id,
+                    status=state.status.value,
                 )
-            pending: list[EventPayload] = [*self.pending_records, *self.pending_ui]
-            self.pending_records, self.pending_ui = [], []
-            blobs, self.pending_blobs = self.pending_blobs, {}
-            try:
-                envelopes = self.build([*pending, *events] if pending else events)
+            if self.pending_records or self.pending_ui or self.pending_blobs:
+                envelopes = await self._append_pending(events)
+            else:
+                # Nothing buffered (a plain step): nothing to merge, nor to put back on failure.
+                envelopes = self.build(events)
                 try:
-                    # The common case (no blobs) awaits the store directly: one coroutine
-                    # frame fewer on every step's path (see _store_call for the why).
-                    if blobs:
-                        await self._write(envelopes, blobs)
-                    else:
-                        await self.store.append(envelopes)
+                    await self.store.append(envelopes)
+                except StaleFenceError as exc:
+                    if exc.execution_id == state.execution_id:
+                        self.fenced_out = exc
+                    raise
                 except LoomError:
                     raise
                 except Exception as exc:
-                    raise _storage_failure(self.state.execution_id, exc) from exc
-            except StaleFenceError as exc:
-                if exc.execution_id == self.state.execution_id:
-                    self.fenced_out = exc
-                raise
-            except BaseException:
-                # Not written: keep them.
-                self.pending_records = [
-                    *(e for e in pending if not isinstance(e, UIPatched)),
-                    *self.pending_records,
-                ]
-                self.pending_ui = [
-                    *(e for e in pending if isinstance(e, UIPatched)),
-                    *self.pending_ui,
-                ]
-                self.pending_blobs = {**blobs, **self.pending_blobs}
-                raise
-            self._applied(envelopes)
-            await self.maybe_snapshot()
+                    raise _storage_failure(state.execution_id, exc) from exc
+            for env in envelopes:
+                apply_event(state, env)
+            if state.last_sequence - self.last_snapshot >= self.snapshot_every:
+                await self.try_snapshot()
+        finally:
+            turns.give()
         if self.stop_at_boundary:
             raise StopAtBoundary
+
+    async def _append_pending(self, events: Sequence[EventPayload]) -> list[Envelope]:
+        """Write ``events`` after the buffered records, UI patches and blobs; on failure put
+        back what was taken (and not written)."""
+        pending: list[EventPayload] = [*self.pending_records, *self.pending_ui]
+        self.pending_records, self.pending_ui = [], []
+        blobs, self.pending_blobs = self.pending_blobs, {}
+        try:
+            envelopes = self.build([*pending, *events] if pending else events)
+            try:
+                await self._write(envelopes, blobs)
+            except LoomError:
+                raise
+            except Exception as exc:
+                raise _storage_failure(self.state.execution_id, exc) from exc
+        except StaleFenceError as exc:
+            if exc.execution_id == self.state.execution_id:
+                self.fenced_out = exc
+            raise
+        except BaseException:
+            # Not written: keep them.
+            self.pending_records = [
+                *(e for e in pending if not isinstance(e, UIPatched)),
+                *self.pending_records,
+            ]
+            self.pending_ui = [
+                *(e for e in pending if isinstance(e, UIPatched)),
+                *self.pending_ui,
+            ]
+            self.pending_blobs = {**blobs, **self.pending_blobs}
+            raise
+        return envelopes
 
     def defer(self, event: EventPayload) -> None:
         """Record ``event`` with the next append instead of a commit of its own.
@@ -353,6 +388,48 @@ class Driver:
         self._whole_ops = len(marks)
         self._chain_ops = 0
         self.last_snapshot = seq
+
+
+class _Turns:
+    """The driver's append lock: asyncio.Lock's first-come order, with an uncontended take that
+    is two attribute checks in the caller (asyncio.Lock's costs three coroutines per append)."""
+
+    __slots__ = ("held", "waiting")
+
+    def __init__(self) -> None:
+        self.held = False
+        self.waiting: collections.deque[asyncio.Future[None]] = collections.deque()
+
+    async def take(self) -> None:
+        if not self.held and not self.waiting:
+            self.held = True
+            return
+        turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.waiting.append(turn)
+        try:
+            await turn  # give() hands the lock over: ``held`` stays set
+        except BaseException:
+            if turn.done() and not turn.cancelled():
+                self.give()  # handed over, then cancelled before running: pass it on
+            else:
+                with contextlib.suppress(ValueError):
+                    self.waiting.remove(turn)
+            raise
+
+    def give(self) -> None:
+        waiting = self.waiting
+        while waiting:
+            turn = waiting.popleft()
+            if not turn.done():
+                turn.set_result(None)
+                return
+        self.held = False
+
+    async def __aenter__(self) -> None:
+        await self.take()
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.give()
 
 
 def _mark(op: OpRecord) -> tuple[Any, ...]:

@@ -6,6 +6,7 @@ import asyncio
 import inspect
 import math
 import random
+import types
 import typing
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from contextvars import ContextVar
@@ -129,6 +130,46 @@ class StepInfo:
         return f"{self.execution_id}/{self.position}"
 
 
+_new_object = object.__new__
+_set_info_fields = tuple(
+    getattr(StepInfo, name).__set__
+    for name in (
+        "execution_id",
+        "position",
+        "attempt",
+        "step_id",
+        "fence",
+        "resources",
+        "simulation",
+    )
+)
+
+
+def new_step_info(
+    execution_id: str,
+    position: int,
+    attempt: int,
+    step_id: str,
+    fence: int,
+    resources: Mapping[str, Any],
+    simulation: bool,
+) -> StepInfo:
+    """``StepInfo(...)`` for the runtime's step path: the slots filled directly, as the frozen
+    dataclass's own __init__ does through a slower object.__setattr__ per field."""
+    info: StepInfo = _new_object(StepInfo)
+    (s_execution_id, s_position, s_attempt, s_step_id, s_fence, s_resources, s_simulation) = (
+        _set_info_fields
+    )
+    s_execution_id(info, execution_id)
+    s_position(info, position)
+    s_attempt(info, attempt)
+    s_step_id(info, step_id)
+    s_fence(info, fence)
+    s_resources(info, resources)
+    s_simulation(info, simulation)
+    return info
+
+
 _current_step: ContextVar[StepInfo | None] = ContextVar("loom_current_step", default=None)
 
 
@@ -209,10 +250,29 @@ _PLAIN_DEPTH = 128
 _EXACT = (int, str, float, bool)
 
 
+#: Annotations whose values, of exactly these types, JSON mode dumps as they are.
+_SCALARS: frozenset[Any] = frozenset({type(None), bool, int, float, str})
+
+
+def _scalar_types(annotation: Any) -> frozenset[type]:
+    """The exact types a value of ``annotation`` may have to be stored as it is (no dump):
+    ``None``, ``bool``, ``int``, ``float``, ``str`` and unions of them; empty for the rest."""
+    try:
+        if annotation in _SCALARS:
+            return frozenset({annotation})
+        if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+            args = frozenset(typing.get_args(annotation))
+            if args <= _SCALARS:
+                return args
+    except TypeError:  # an unhashable annotation: not a plain scalar
+        pass
+    return frozenset()
+
+
 class _Codec:
     """JSON-mode (de)serialisation through a pydantic TypeAdapter; ``Any`` passes through."""
 
-    __slots__ = ("adapter", "annotation", "exact")
+    __slots__ = ("adapter", "annotation", "as_is", "exact")
 
     def __init__(self, annotation: Any) -> None:
         self.annotation = annotation
@@ -224,9 +284,15 @@ class _Codec:
         #: A JSON scalar type whose decoded values load as themselves (the lax validator
         #: returns an int, str, float or bool of exactly that type unchanged).
         self.exact: type | None = next((t for t in _EXACT if annotation is t), None)
+        #: Scalar types stored without a pydantic round trip (an immutable value that JSON
+        #: mode would return unchanged: nothing to convert, copy or check but finiteness).
+        self.as_is = _scalar_types(annotation)
 
     def dump(self, value: Any, what: str) -> Any:
         if self.adapter is None:
+            return value
+        kind = type(value)
+        if kind in self.as_is and (kind is not float or math.isfinite(value)):
             return value
         try:
             return json_dump(self.adapter, value)

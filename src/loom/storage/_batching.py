@@ -4,9 +4,10 @@ A store wraps each write in a :class:`WriteRequest` (its own subclass, typed) an
 :meth:`GroupCommit.submit`. Concurrent writers are coalesced: the first writer to find no batch
 collecting leads, yields once so that every task that is ready now can queue behind it, then
 takes the queue and commits it with the store's ``run_batch`` (one transaction, one durable
-commit for all of them). A lone write commits in the caller's own task (no extra task, no
-extra hop, and no yield when nothing else is ready to run); a shared batch runs in a task of
-its own, so a cancelled caller never strands the others. When a batch finishes, what queued
+commit for all of them). A lone write (no batch collecting or running, nothing else ready to
+run on the loop) commits in the caller's own task with no yield, no future and no queue: the
+common case of one execution stepping; a shared batch runs in a task of its own, so a
+cancelled caller never strands the others. When a batch finishes, what queued
 meanwhile goes in the next one. At most ``max_inflight`` batches run at once (SQLite: 1, its
 single writer; PostgreSQL: a few, one per pooled connection).
 
@@ -29,9 +30,10 @@ __all__ = ["GroupCommit", "WriteRequest"]
 
 @dataclass(eq=False, kw_only=True)
 class WriteRequest:
-    """One caller's write; ``run_batch`` fills ``result`` or ``error``."""
+    """One caller's write; ``run_batch`` fills ``result`` or ``error``. ``future`` is made by
+    the engine when the write has to wait for a batch (a lone write needs none)."""
 
-    future: asyncio.Future[Any] = field(repr=False)
+    future: asyncio.Future[Any] | None = field(default=None, repr=False)
     result: Any = None
     error: BaseException | None = None
     answered: bool = field(default=False, repr=False)
@@ -57,12 +59,13 @@ def answer(req: WriteRequest) -> None:
     if req.answered:
         return
     req.answered = True
-    if req.future.done():  # the caller gave up (cancelled); nothing to tell it
+    future = req.future
+    if future is None or future.done():  # the caller gave up (cancelled): nothing to tell it
         return
     if req.error is not None:
-        req.future.set_exception(req.error)
+        future.set_exception(req.error)
     else:
-        req.future.set_result(req.result)
+        future.set_result(req.result)
 
 
 class GroupCommit(Generic[R]):
@@ -72,12 +75,14 @@ class GroupCommit(Generic[R]):
         self,
         run_batch: Callable[[list[R]], Awaitable[None]],
         *,
+        run_now: Callable[[list[R]], bool] | None = None,
         coalesce: bool = True,
         max_batch: int = 1024,
         max_inflight: int = 1,
         where: str = "store",
     ) -> None:
         self._run_batch = run_batch
+        self._run_now = run_now
         self.coalesce = coalesce
         self.max_batch = max_batch if coalesce else 1
         self.max_inflight = max_inflight
@@ -87,11 +92,50 @@ class GroupCommit(Generic[R]):
         self._inflight = 0
         self._tasks: set[asyncio.Task[Any]] = set()
 
+    def commit_alone(self, req: R) -> bool:
+        """Commit ``req`` now, in the caller's own frame, if it is a lone write (as in
+        :meth:`submit`) and the store's ``run_now`` can commit it without waiting; then
+        ``req.result`` or ``req.error`` is its outcome. False: nothing was committed, submit it.
+
+        ``run_now`` (optional) is ``run_batch`` without awaiting: it returns False, having
+        committed nothing, when the batch would have to wait (another process holds the lock).
+        """
+        if (
+            self._run_now is None
+            or self._inflight
+            or self._pending
+            or (self.coalesce and _others_ready())
+        ):
+            return False
+        self._inflight += 1
+        try:
+            return self._run_now([req])
+        finally:
+            self._inflight -= 1
+
     async def submit(self, req: R) -> Any:
         """Commit ``req``, coalesced with every write queued meanwhile; return its result."""
+        if not self._inflight and not self._pending and not (self.coalesce and _others_ready()):
+            # A lone writer: no batch to join and nobody ready to join its own, so it commits
+            # here with nothing to coordinate (the yield, the future and the queue would only
+            # come straight back). Marked in flight so that writers arriving while it awaits
+            # the store queue behind it, and are started as a batch when it ends.
+            self._inflight += 1
+            try:
+                await self._run_batch([req])
+            finally:
+                self._inflight -= 1
+                if self._pending:
+                    self._maybe_start_batch_task()
+            if req.error is not None:
+                raise req.error
+            return req.result
+        if req.future is None:
+            req.future = asyncio.get_running_loop().create_future()
+        future = req.future
         self._pending.append(req)
         if self._collecting or self._inflight >= self.max_inflight:
-            return await req.future  # a batch that is collecting, or the next free one, takes it
+            return await future  # a batch that is collecting, or the next free one, takes it
         self._collecting = True
         self._inflight += 1
         if self.coalesce and _others_ready():
@@ -107,17 +151,17 @@ class GroupCommit(Generic[R]):
         batch = self._take_batch()
         if len(batch) != 1 or batch[0] is not req:
             self._spawn(self._flush(batch))
-            return await req.future
+            return await future
         try:
             await self._run(batch)
         except BaseException:
-            if req.future.done() and not req.future.cancelled():
-                req.future.exception()  # retrieved: the caller gets the interruption instead
+            if future.done() and not future.cancelled():
+                future.exception()  # retrieved: the caller gets the interruption instead
             raise
         finally:
             self._inflight -= 1
             self._maybe_start_batch_task()
-        return req.future.result()
+        return future.result()
 
     def fail_pending(self, error: Callable[[], BaseException]) -> None:
         """Refuse every queued write that no batch took (the store is closing)."""

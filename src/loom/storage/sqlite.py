@@ -122,6 +122,8 @@ class _Request(WriteRequest):
     apply: Callable[[sqlite3.Connection], Any]
     notify: str | None = None
     feed: bool = False
+    #: Found the write lock held by another process (before_append crossed already).
+    busy: bool = False
 
 
 class SQLiteStore(SQLiteBranches, SQLiteIndexReads, SQLiteSideTables):
@@ -167,6 +169,9 @@ class SQLiteStore(SQLiteBranches, SQLiteIndexReads, SQLiteSideTables):
         self._engines: weakref.WeakKeyDictionary[
             asyncio.AbstractEventLoop, GroupCommit[_Request]
         ] = weakref.WeakKeyDictionary()
+        self._hot_engine: (
+            tuple[weakref.ref[asyncio.AbstractEventLoop], GroupCommit[_Request]] | None
+        ) = None
         self._thread: concurrent.futures.ThreadPoolExecutor | None = None
         self._thread_pid = 0
         self._writer: sqlite3.Connection | None = None
@@ -277,8 +282,22 @@ class SQLiteStore(SQLiteBranches, SQLiteIndexReads, SQLiteSideTables):
         *,
         feed: bool = False,
     ) -> Any:
-        """Queue one write and commit it on the writer thread, coalesced with every write
-        queued meanwhile (see ``_batching``)."""
+        """Commit one write: at once when it is alone (see ``_write``), else queued and
+        coalesced with every write queued meanwhile (see ``_batching``)."""
+        req, engine = self._write(apply, notify, feed)
+        if engine is not None:
+            return await engine.submit(req)
+        if req.error is not None:
+            raise req.error
+        return req.result
+
+    def _write(
+        self, apply: Callable[[sqlite3.Connection], Any], notify: str | None, feed: bool
+    ) -> tuple[_Request, GroupCommit[_Request] | None]:
+        """The write as a request, committed here and now when it is a lone write and the write
+        lock is free (engine None: ``result`` or ``error`` is its outcome), else with the engine
+        to submit it to. The lone case runs no coroutine, future or yield of its own: it is
+        what one execution stepping does on every step."""
         if self._closed:
             raise StorageWriteError(f"the SQLite store {self.path} is closed")
         if self.read_only:
@@ -292,17 +311,28 @@ class SQLiteStore(SQLiteBranches, SQLiteIndexReads, SQLiteSideTables):
                 "nothing was written. Reopen the store after checking the disk",
             ) from self._broken
         loop = asyncio.get_running_loop()
+        hot = self._hot_engine
+        engine = hot[1] if hot is not None and hot[0]() is loop else self._engine(loop)
+        req = _Request(apply=apply, notify=notify, feed=feed)
+        if engine.commit_alone(req):
+            return req, None
+        return req, engine
+
+    def _engine(self, loop: asyncio.AbstractEventLoop) -> GroupCommit[_Request]:
         engine = self._engines.get(loop)
         if engine is None:
             engine = self._engines[loop] = GroupCommit(
                 self._commit,
+                run_now=self._commit_here,
                 coalesce=self.group_commit,
                 max_batch=self.max_batch,
                 max_inflight=1,
                 where=f"SQLite store {self.path}",
             )
-        req = _Request(future=loop.create_future(), apply=apply, notify=notify, feed=feed)
-        return await engine.submit(req)
+        # The last loop's engine, found without the weak dictionary's lookup on every write;
+        # held weakly like the loop in it, so a closed loop is never kept alive by the store.
+        self._hot_engine = (weakref.ref(loop), engine)
+        return engine
 
     async def _commit(self, batch: list[_Request]) -> None:
         """Commit ``batch``: on this thread when the write lock is free right now, else on the
@@ -314,16 +344,10 @@ class SQLiteStore(SQLiteBranches, SQLiteIndexReads, SQLiteSideTables):
         wait up to ``busy_timeout``: that wait, and everything after it, happens on the writer
         thread, so the event loop is never blocked behind another process's transaction.
         """
-        if self._writer_lock.acquire(blocking=False):
-            try:
-                begun = self._begin_now(batch)
-                if begun is not _BUSY:
-                    if begun is _BEGUN:
-                        self._run_batch(self._writer_conn(), batch, begun=True)
-                    self._notify(batch)
-                    return
-            finally:
-                self._writer_lock.release()
+        # A lone write that found the lock busy a moment ago (``_commit_here`` from
+        # ``commit_alone``) goes straight to the thread: it crossed before_append already.
+        if not (len(batch) == 1 and batch[0].busy) and self._commit_here(batch):
+            return
         loop = asyncio.get_running_loop()
         done = loop.run_in_executor(self._writer_thread(), self._commit_batch, batch)
         # The batch commits (or not) whatever happens to this task: wait for the thread's
@@ -335,10 +359,30 @@ class SQLiteStore(SQLiteBranches, SQLiteIndexReads, SQLiteSideTables):
             raise
         self._notify(batch)
 
+    def _commit_here(self, batch: list[_Request]) -> bool:
+        """Commit (or fail) ``batch`` on this thread if the write lock is free right now; False
+        when it is not (the batch then waits for it on the writer thread)."""
+        if not self._writer_lock.acquire(blocking=False):
+            return False
+        try:
+            begun = self._begin_now(batch)
+            if begun is _BUSY:
+                for req in batch:
+                    req.busy = True
+                return False
+            if begun is _BEGUN:
+                self._run_batch(self._writer_conn(), batch, begun=True)
+        finally:
+            self._writer_lock.release()
+        self._notify(batch)
+        return True
+
     def _notify(self, batch: list[_Request]) -> None:
         if len(batch) == 1:  # a lone write (the common case): no lists to build
             req = batch[0]
-            if req.error is None and (req.notify or req.feed):
+            # Nobody waiting (the common case): nothing to build. Read without the lock: a
+            # waiter registers before it re-reads the log, so it never misses this write.
+            if req.error is None and self._waiters._by_execution and (req.notify or req.feed):
                 self._waiters.notify([k for k in (req.notify, FEED_KEY if req.feed else None) if k])
             return
         ok = [r for r in batch if r.error is None]
@@ -406,15 +450,17 @@ class SQLiteStore(SQLiteBranches, SQLiteIndexReads, SQLiteSideTables):
                 self._fail_all(batch, self._write_error("could not begin a write transaction", exc))
                 return
         try:
+            applied = 0
             for req in batch:
                 # A request either applies fully or raises a refusal having left nothing
                 # behind (each apply compensates its own partial writes), so coalesced requests
                 # need no SAVEPOINT each: a refusal fails only its own caller.
                 try:
                     req.result = req.apply(conn)
+                    applied += 1
                 except LoomError as refusal:
                     req.error = refusal
-            if all(r.error is not None for r in batch):
+            if not applied:
                 conn.execute("ROLLBACK")
                 return
             faults.hit("before_commit")
@@ -464,9 +510,13 @@ class SQLiteStore(SQLiteBranches, SQLiteIndexReads, SQLiteSideTables):
     # ---------------------------------------------------------------- EventStore
 
     async def append(self, envelopes: Sequence[Envelope]) -> None:
-        # Built here and submitted directly: one coroutine frame fewer on every step's path.
+        # Built and written here (not through _submit): one coroutine fewer on every step.
         apply, execution_id, feed = self._append_write(envelopes, None, "")
-        await self._submit(apply, execution_id, feed=feed)
+        req, engine = self._write(apply, execution_id, feed)
+        if engine is not None:
+            await engine.submit(req)
+        elif req.error is not None:
+            raise req.error
 
     async def append_with_blobs(
         self, envelopes: Sequence[Envelope], blobs: Mapping[str, bytes], *, namespace: str = ""
