@@ -386,6 +386,25 @@ async def test_reads_survive_terminated_pool_connections(pg_dsn: str, schema: st
         await store.close()
 
 
+async def test_a_held_connection_terminated_while_idle_is_replaced_with_the_pools(
+    pg_dsn: str, schema: str
+) -> None:
+    """The writer's held connection is checked with the pool's once a read finds the
+    sessions gone, so the next write does not fail on it (the pool check takes it back)."""
+    tag = f"loom-held-{schema}"
+    store = await PostgresStore.open(tagged_dsn(pg_dsn, tag), schema=schema, pool_min=2)
+    try:
+        fence = await store.acquire_fence("h")
+        await store.append([env("h", 0, fence)])
+        assert store._writer._held is not None
+        assert terminate(pg_dsn, tag) >= 2  # the held connection and an idle pooled one
+        assert [e.sequence for e in await store.read("h")] == [0]  # retried after a check
+        await store.append([env("h", 1, fence)])
+        assert await store.last_sequence("h") == 1
+    finally:
+        await store.close()
+
+
 async def test_bound_to_its_event_loop(pg_dsn: str, schema: str) -> None:
     store = await PostgresStore.open(pg_dsn, schema=schema)
     try:
