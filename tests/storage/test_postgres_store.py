@@ -405,6 +405,23 @@ async def test_a_held_connection_terminated_while_idle_is_replaced_with_the_pool
         await store.close()
 
 
+async def test_a_writer_whose_prepared_statements_vanished_recovers(store: PostgresStore) -> None:
+    """A pooler's DISCARD ALL or DEALLOCATE ALL drops the server's prepared statements behind
+    psycopg's back: the write that finds them gone writes nothing, and the next one goes
+    through (rather than every write on the held connection failing from then on)."""
+    fence = await store.acquire_fence("prep")
+    for seq in (0, 1):  # a start, then a plain step's statement, prepared on first use
+        await store.append([env("prep", seq, fence)])
+    held = store._writer._held
+    assert held is not None
+    held.pgconn.exec_(b"DEALLOCATE ALL")  # psycopg does not see it: its cache still names them
+    with pytest.raises(StorageWriteError):
+        await store.append([env("prep", 2, fence)])
+    assert await store.last_sequence("prep") == 1
+    await store.append([env("prep", 2, fence)])
+    assert await store.last_sequence("prep") == 2
+
+
 async def test_bound_to_its_event_loop(pg_dsn: str, schema: str) -> None:
     store = await PostgresStore.open(pg_dsn, schema=schema)
     try:

@@ -264,6 +264,12 @@ class PostgresWriter:
         except psycopg.Error as exc:
             if _lost(conn):
                 return await self._resolve([req], exc)
+            if isinstance(exc, psycopg.errors.InvalidSqlStatementName):
+                # Its prepared statements were dropped behind psycopg's back (a pooler's
+                # DISCARD ALL or DEALLOCATE ALL): psycopg would keep naming them on every write,
+                # so the connection is dropped and a fresh one prepares them again. The
+                # statement never ran: nothing was written.
+                await conn.close()
             req.error = self._statement_error(req, exc)
             return False
         if self._settle(req, row):
