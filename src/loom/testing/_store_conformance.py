@@ -132,8 +132,11 @@ async def check_sequences_are_dense(store: Store, reopen: Reopen | None) -> None
 
 @_check
 async def check_duplicate_envelope_id(store: Store, reopen: Reopen | None) -> None:
-    fence = await _start(store, "dup-a", 1)
-    taken = (await store.read("dup-a"))[0].envelope_id
+    # An explicit id: a derived one (execution#sequence.fence) would be refused for its form
+    # alone, before the store's own uniqueness is ever asked.
+    fence = await store.acquire_fence("dup-a")
+    taken = "dup-explicit-id"
+    await store.append([env("dup-a", 0, fence, envelope_id=taken)])
     err = await _expect(
         DuplicateEnvelopeIdError, store.append([env("dup-a", 1, fence, envelope_id=taken)])
     )
@@ -147,8 +150,9 @@ async def check_duplicate_envelope_id(store: Store, reopen: Reopen | None) -> No
 
 @_check
 async def check_batches_are_atomic(store: Store, reopen: Reopen | None) -> None:
-    fence = await _start(store, "atomic", 1)
-    taken = (await store.read("atomic"))[0].envelope_id
+    fence = await store.acquire_fence("atomic")
+    taken = "atomic-explicit-id"  # explicit: refused by the store's uniqueness, mid-batch
+    await store.append([env("atomic", 0, fence, envelope_id=taken)])
     batch = [env("atomic", 1, fence), env("atomic", 2, fence, envelope_id=taken)]
     await _expect(DuplicateEnvelopeIdError, store.append(batch))
     assert await store.last_sequence("atomic") == 0
@@ -445,7 +449,7 @@ async def check_take_over_is_conditional(store: Store, reopen: Reopen | None) ->
     await _expect(StaleFenceError, store.append([env("t", 3, 1)]))  # ...fencing out fence 1
     # ...and a racer that lost changes nothing: not the fence, not the log.
     await _expect(StaleFenceError, store.take_over([env("t", 3, 2)], from_fence=1))
-    await store.append([env("t", 3, 2)])
+    await store.append([env("t", 3, 2, envelope_id="t-explicit-id")])
     await _expect(DuplicateSequenceError, store.take_over([env("t", 3, 3)], from_fence=2))
     assert await store.current_fence("t") == 2 and await store.last_sequence("t") == 3
     # A fence taken by a holder that wrote nothing is taken over from that fence.
@@ -454,8 +458,8 @@ async def check_take_over_is_conditional(store: Store, reopen: Reopen | None) ->
     await store.take_over([env("s", 0, silent + 1)], from_fence=silent)
     # The silent holder's own start then loses cleanly.
     await _expect(ExecutionAlreadyExistsError, store.append([env("s", 0, silent)]))
-    # A duplicate envelope id changes nothing either.
-    taken = (await store.read("t"))[0].envelope_id
+    # A duplicate envelope id changes nothing either (an explicit one: see the duplicate check).
+    taken = "t-explicit-id"
     await _expect(
         DuplicateEnvelopeIdError,
         store.take_over([env("d", 0, 1, envelope_id=taken)], from_fence=0),
