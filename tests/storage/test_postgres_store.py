@@ -433,3 +433,6 @@ async def test_bound_to_its_event_loop(pg_dsn: str, schema: str) -> None:
 def _expect_other_loop_refused(store: PostgresStore) -> None:
     with pytest.raises(ConfigurationError, match="event loop"):
         asyncio.run(store.last_sequence("x"))
+    # A write too, though its path skips the open check once the pool is open.
+    with pytest.raises(ConfigurationError, match="event loop"):
+        asyncio.run(store.acquire_fence("x"))
