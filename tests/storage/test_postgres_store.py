@@ -250,6 +250,49 @@ async def test_a_failed_commit_fails_every_caller_and_writes_nothing(
     await asyncio.gather(*(store.append([env(i, 0, f)]) for i, f in zip(ids, fences, strict=True)))
 
 
+async def test_a_batch_failing_before_commit_leaves_no_transaction_open_for_the_next(
+    pg_dsn: str, schema: str
+) -> None:
+    """A batch that fails inside its transaction (here just before COMMIT) must not leave that
+    transaction open on the connection the writer keeps: the batch queued behind it commits
+    only its own writes, and the failed ones never appear (another store looks)."""
+    # One batch at a time, so the batch queued behind the failing one runs on its connection.
+    store = await PostgresStore.open(pg_dsn, schema=schema, max_inflight_batches=1)
+    other = await PostgresStore.open(pg_dsn, schema=schema)
+    try:
+        failing = [f"fail-{i}" for i in range(6)]
+        behind = [f"next-{i}" for i in range(6)]
+        fences = dict(
+            zip(
+                [*failing, *behind],
+                await asyncio.gather(*(store.acquire_fence(i) for i in [*failing, *behind])),
+                strict=True,
+            )
+        )
+        queued: list[asyncio.Future[None]] = []
+
+        def queue_then_fail(point: str) -> None:
+            # Queued while the failing batch holds the writer's connection: they run next.
+            queued.extend(
+                asyncio.ensure_future(store.append([env(i, 0, fences[i])])) for i in behind
+            )
+            raise faults.InjectedFaultError(point)
+
+        faults.arm("before_commit", queue_then_fail)
+        results = await asyncio.gather(
+            *(store.append([env(i, 0, fences[i])]) for i in failing), return_exceptions=True
+        )
+        assert all(isinstance(r, StorageWriteError) for r in results), results
+        await asyncio.gather(*queued)
+        for i in behind:
+            assert await other.last_sequence(i) == 0
+        for i in failing:
+            assert await other.last_sequence(i) == -1
+    finally:
+        await store.close()
+        await other.close()
+
+
 async def test_connection_killed_before_commit_fails_the_batch_and_recovers(
     pg_dsn: str, schema: str
 ) -> None:
