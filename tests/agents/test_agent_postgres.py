@@ -69,14 +69,14 @@ async def test_a_turn_is_two_writes_and_the_blob_rides_in_the_tool_steps(
     store = await PostgresStore.open(dsn, schema=schema)
     assert isinstance(store, AppendsWithBlobs)
     writes: Counter[str] = Counter()
-    submit = store._writer.submit
+    submit = store._writer.engine.submit
 
     async def counting(req: Any) -> Any:
         params = req.params if isinstance(req.params, dict) else {}
         writes[req.kind + ("+blobs" if "b_hashes" in params else "")] += 1
         return await submit(req)
 
-    store._writer.submit = counting  # type: ignore[method-assign]
+    store._writer.engine.submit = counting  # type: ignore[method-assign]
     turns = 5
     rt = loom.WorkflowRuntime(store, clock=SkippingClock(), timers=False)
     agent = reader(turns)
