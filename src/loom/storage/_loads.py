@@ -12,7 +12,7 @@ and any event below it are not decoded.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from functools import lru_cache
 from typing import Any
 
@@ -82,6 +82,19 @@ def assemble(
         elif last >= 0:
             loaded[eid] = StoredExecution(eid, snapshot, events, last)
     return loaded, beyond
+
+
+async def add_beyond(
+    loaded: dict[str, StoredExecution],
+    beyond: dict[str, Snapshot],
+    last_sequence: Callable[[str], Awaitable[int]],
+) -> None:
+    """Add the executions whose snapshot covers their whole log (no tail rows came back): their
+    end is the log's last sequence, read one at a time (rare: a snapshot is seldom the end)."""
+    for eid, snapshot in beyond.items():
+        last = await last_sequence(eid)
+        if last >= 0:
+            loaded[eid] = StoredExecution(eid, snapshot, [], last)
 
 
 @lru_cache(maxsize=8)

@@ -70,7 +70,7 @@ from loom.storage._index import (
     summary_from_row,
     where_clause,
 )
-from loom.storage._loads import assemble, chunks, postgres_load_many
+from loom.storage._loads import add_beyond, assemble, chunks, postgres_load_many
 from loom.storage._postgres_branches import PostgresBranches
 from loom.storage._postgres_commit import PostgresWrite, PostgresWriter, WriteKind
 from loom.storage._postgres_listen import NotifyListener
@@ -677,10 +677,7 @@ class PostgresStore(PostgresBranches):
             rows = await self._fetch(self._load_many_sql, {"ids": chunk})
             found, beyond = assemble(rows, self.limits)
             loaded.update(found)
-            for eid, snapshot in beyond.items():
-                last = await self.last_sequence(eid)
-                if last >= 0:
-                    loaded[eid] = StoredExecution(eid, snapshot, [], last)
+            await add_beyond(loaded, beyond, self.last_sequence)
         return loaded
 
     # ---------------------------------------------------------------- BlobStore

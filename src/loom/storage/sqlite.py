@@ -75,7 +75,7 @@ from loom.storage._common import (
 from loom.storage._index import (
     FEED_KEY,
 )
-from loom.storage._loads import assemble, chunks, sqlite_load_many
+from loom.storage._loads import add_beyond, assemble, chunks, sqlite_load_many
 from loom.storage._schema import SCHEMA_VERSION
 from loom.storage._spi import Snapshot, StoredExecution
 from loom.storage._sqlite_branches import SQLiteBranches
@@ -851,10 +851,7 @@ class SQLiteStore(SQLiteBranches, SQLiteIndexReads, SQLiteSideTables):
                 ) from exc
             found, beyond = assemble(rows, self.limits)
             loaded.update(found)
-            for eid, snapshot in beyond.items():
-                last = await self.last_sequence(eid)
-                if last >= 0:
-                    loaded[eid] = StoredExecution(eid, snapshot, [], last)
+            await add_beyond(loaded, beyond, self.last_sequence)
         return loaded
 
     # ---------------------------------------------------------------- lifecycle
