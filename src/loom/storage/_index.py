@@ -23,6 +23,7 @@ __all__ = [
     "encode_page_cursor",
     "matches",
     "summary_from_row",
+    "summary_values",
     "where_clause",
 ]
 
@@ -167,18 +168,19 @@ def backfill_rows(events: Iterable[tuple[Any, ...]], where: str) -> list[tuple[A
             ) from exc
     flush()
     summaries.sort(key=lambda s: (s.updated_at, s.execution_id))
-    return [
-        (
-            s.execution_id,
-            s.flow_id,
-            s.flow_version,
-            s.status.value,
-            s.waiting_for,
-            s.parent_id,
-            s.forked_from,
-            s.created_at,
-            s.updated_at,
-            cursor,
-        )
-        for cursor, s in enumerate(summaries, start=1)
-    ]
+    return [(*summary_values(s), cursor) for cursor, s in enumerate(summaries, start=1)]
+
+
+def summary_values(s: ExecutionSummary) -> tuple[Any, ...]:
+    """A summary's index columns in SUMMARY_COLUMNS order, without the cursor."""
+    return (
+        s.execution_id,
+        s.flow_id,
+        s.flow_version,
+        s.status.value,
+        s.waiting_for,
+        s.parent_id,
+        s.forked_from,
+        s.created_at,
+        s.updated_at,
+    )

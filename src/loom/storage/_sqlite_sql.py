@@ -10,7 +10,7 @@ from typing import Any
 from loom.errors import DuplicateEnvelopeIdError, ExecutionEndedError
 from loom.model import Envelope, SummaryChange
 from loom.storage._common import TERMINAL_SQL, ended
-from loom.storage._index import SUMMARY_COLUMNS
+from loom.storage._index import SUMMARY_COLUMNS, summary_values
 
 __all__ = [
     "LAST_SEQUENCE",
@@ -55,20 +55,9 @@ _INDEX_MARK = (
 
 
 def write_index(conn: sqlite3.Connection, change: SummaryChange) -> None:
-    s = change.apply(None)
     conn.execute(
         _INDEX_START if change.started else _INDEX_MARK if change.status is None else _INDEX_CHANGE,
-        (
-            s.execution_id,
-            s.flow_id,
-            s.flow_version,
-            s.status.value,
-            s.waiting_for,
-            s.parent_id,
-            s.forked_from,
-            s.created_at,
-            s.updated_at,
-        ),
+        summary_values(change.apply(None)),
     )
 
 

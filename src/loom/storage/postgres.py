@@ -445,7 +445,6 @@ class PostgresStore(PostgresBranches):
             execution_id=execution_id,
             sql=sql,
             params=params,
-            future=asyncio.get_running_loop().create_future(),
             first=first,
             fence=fence,
             count=len(envelopes),
@@ -487,7 +486,6 @@ class PostgresStore(PostgresBranches):
             execution_id=execution_id,
             sql=self._sql.fence,
             params=(execution_id,),
-            future=asyncio.get_running_loop().create_future(),
         )
         result: int = await self._submit(req)
         return result
@@ -846,10 +844,7 @@ class PostgresStore(PostgresBranches):
     async def _write(self, kind: WriteKind, execution_id: str, sql: str, params: Any) -> Any:
         """Commit one statement through the group commit; its one row's count is the result."""
         self._writable()
-        future = asyncio.get_running_loop().create_future()
-        req = PostgresWrite(
-            kind=kind, execution_id=execution_id, sql=sql, params=params, future=future
-        )
+        req = PostgresWrite(kind=kind, execution_id=execution_id, sql=sql, params=params)
         return await self._submit(req)
 
     async def _submit(self, req: PostgresWrite) -> Any:
