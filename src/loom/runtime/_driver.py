@@ -339,15 +339,9 @@ class Driver:
         for env in envelopes:
             apply_event(self.state, env)
 
-    async def maybe_snapshot(self) -> None:
-        """Write a snapshot when enough events accumulated since the last one. A failed
-        snapshot costs only speed (loading reads a longer tail), so it is logged, not raised:
-        the events it would summarise are already durable."""
-        if self.state.last_sequence - self.last_snapshot >= self.snapshot_every:
-            await self.try_snapshot()
-
     async def try_snapshot(self) -> None:
-        """Snapshot now; a failure is logged (see :meth:`maybe_snapshot`)."""
+        """Snapshot now. A failed snapshot costs only speed (loading reads a longer tail), so
+        it is logged, not raised: the events it would summarise are already durable."""
         try:
             await self.snapshot()
         except StorageError as exc:
