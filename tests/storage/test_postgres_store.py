@@ -20,6 +20,7 @@ from loom.errors import (
     StorageWriteError,
 )
 from loom.storage import Snapshot, Store
+from loom.storage._blobs import blob_hash
 from loom.storage._postgres_commit import PostgresWriter
 from loom.storage.postgres import SCHEMA_VERSION, PostgresStore
 from loom.testing import STORE_CHECKS, run_store_check
@@ -448,21 +449,50 @@ async def test_a_held_connection_terminated_while_idle_is_replaced_with_the_pool
         await store.close()
 
 
-async def test_a_writer_whose_prepared_statements_vanished_recovers(store: PostgresStore) -> None:
+async def test_writes_go_through_after_their_prepared_statements_vanished(
+    store: PostgresStore,
+) -> None:
     """A pooler's DISCARD ALL or DEALLOCATE ALL drops the server's prepared statements behind
-    psycopg's back: the write that finds them gone writes nothing, and the next one goes
-    through (rather than every write on the held connection failing from then on)."""
+    the writer's back: a write that finds them gone prepares them again and runs (it never
+    ran), on the lone-write path (a plain step) and on psycopg's (a statement with arrays)."""
     fence = await store.acquire_fence("prep")
     for seq in (0, 1):  # a start, then a plain step's statement, prepared on first use
         await store.append([env("prep", seq, fence)])
+    data = [b"one", b"two"]
+    await store.put_blobs({blob_hash(data[0]): data[0]})
     held = store._writer._held
     assert held is not None
-    held.pgconn.exec_(b"DEALLOCATE ALL")  # psycopg does not see it: its cache still names them
-    with pytest.raises(StorageWriteError):
-        await store.append([env("prep", 2, fence)])
-    assert await store.last_sequence("prep") == 1
-    await store.append([env("prep", 2, fence)])
-    assert await store.last_sequence("prep") == 2
+    for n, sql in enumerate((b"DEALLOCATE ALL", b"DISCARD ALL")):
+        held.pgconn.exec_(sql)  # neither psycopg nor the writer sees it
+        await store.append([env("prep", 2 + n, fence)])
+        await store.put_blobs({blob_hash(data[n]): data[n]})
+        assert store._writer._held is held  # recovered in place, not by a new connection
+    assert await store.last_sequence("prep") == 3
+    assert set(await store.get_blobs([blob_hash(d) for d in data])) == {blob_hash(d) for d in data}
+
+
+async def test_reads_go_through_after_their_prepared_statements_vanished(
+    pg_dsn: str, schema: str
+) -> None:
+    """The same for reads: psycopg prepares a read after a few uses, and a DISCARD ALL behind
+    its back must not fail every read of that statement on that connection from then on."""
+    # Two connections: the writer holds one, so every read runs on the other.
+    store = await PostgresStore.open(pg_dsn, schema=schema, pool_min=1, pool_max=2)
+    try:
+        fence = await store.acquire_fence("rp")
+        await store.append([env("rp", 0, fence)])
+        for _ in range(8):  # past psycopg's prepare threshold (5 uses)
+            assert [e.sequence for e in await store.read("rp")] == [0]
+            assert await store.last_sequence("rp") == 0
+        pool = store._pool
+        assert pool is not None
+        async with pool.connection() as conn:
+            conn.pgconn.exec_(b"DISCARD ALL")  # psycopg does not see it: its cache still names them
+        for _ in range(3):
+            assert [e.sequence for e in await store.read("rp")] == [0]
+            assert await store.last_sequence("rp") == 0
+    finally:
+        await store.close()
 
 
 async def test_bound_to_its_event_loop(pg_dsn: str, schema: str) -> None:

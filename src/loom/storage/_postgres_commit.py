@@ -38,6 +38,7 @@ from loom import faults
 from loom.errors import DuplicateEnvelopeIdError, LoomError, StorageWriteError
 from loom.storage._batching import GroupCommit, WriteRequest
 from loom.storage._common import Waiters, ended, refusal_for, take_over_refusal
+from loom.storage._postgres_lean import LeanStatements, forget_prepared, lean_values
 from loom.storage._postgres_sql import Conn, Statements
 
 __all__ = ["PostgresWrite", "PostgresWriter", "WriteKind"]
@@ -113,6 +114,8 @@ class PostgresWriter:
         self._held_busy = False
         #: A cursor on it, reused: a new cursor per statement copies the adapters each time.
         self._held_cursor: psycopg.AsyncCursor[tuple[Any, ...]] | None = None
+        #: The lone writes' own prepared statements on it (see _postgres_lean).
+        self._held_lean: LeanStatements | None = None
         #: When it goes back to the pool anyway (the pool's max_lifetime, which it cannot apply
         #: to a connection it does not hold), so that a long-running writer still recycles it.
         self._held_until = 0.0
@@ -159,7 +162,8 @@ class PostgresWriter:
                 try:
                     if len(batch) == 1:
                         cur = self._held_cursor if held else None
-                        committed = await self._run_single(conn, batch[0], cur)
+                        lean = self._held_lean if held else None
+                        committed = await self._run_single(conn, batch[0], cur, lean)
                     else:
                         committed = await self._run_many(conn, batch)
                     failed = False
@@ -207,6 +211,7 @@ class PostgresWriter:
                     self._held_busy = False
                     raise
                 self._held_cursor = self._held.cursor()
+                self._held_lean = LeanStatements(self._held)
                 self._held_until = time.monotonic() + pool.max_lifetime
             return self._held, True
         return await pool.getconn(), False
@@ -224,7 +229,7 @@ class PostgresWriter:
                 and time.monotonic() < self._held_until
             ):
                 return
-            self._held = self._held_cursor = None
+            self._held = self._held_cursor = self._held_lean = None
         pool = self._pool()
         if pool is None:
             await conn.close()
@@ -242,7 +247,7 @@ class PostgresWriter:
         held = self._held
         if held is None or self._held_busy:
             return  # the batch using it hands it back itself if anything fails on it
-        self._held = self._held_cursor = None
+        self._held = self._held_cursor = self._held_lean = None
         pool = self._pool()
         if pool is None:
             await held.close()
@@ -250,26 +255,36 @@ class PostgresWriter:
             await pool.putconn(held)
 
     async def _run_single(
-        self, conn: Conn, req: PostgresWrite, cur: psycopg.AsyncCursor[tuple[Any, ...]] | None
+        self,
+        conn: Conn,
+        req: PostgresWrite,
+        cur: psycopg.AsyncCursor[tuple[Any, ...]] | None,
+        lean: LeanStatements | None = None,
     ) -> bool:
         # A lone write is one autocommit statement: the statement and its COMMIT are one round
         # trip, so ``before_commit`` is crossed just before it (a crash there, as at any point
         # before COMMIT, leaves nothing written).
         faults.hit("before_commit")
+        encoded = None if lean is None else lean_values(req.sql, req.params)
+        row: tuple[Any, ...] | None
         try:
-            if cur is None:
-                cur = conn.cursor()
-            await cur.execute(req.sql, req.params, prepare=True)
-            row = await cur.fetchone()
+            if encoded is not None:
+                assert lean is not None
+                row = await lean.execute(*encoded)
+            else:
+                if cur is None:
+                    cur = conn.cursor()
+                try:
+                    await cur.execute(req.sql, req.params, prepare=True)
+                except psycopg.errors.InvalidSqlStatementName:
+                    # Dropped behind psycopg's back (a pooler's DISCARD ALL): it would keep
+                    # naming them. The statement never ran; it runs again, prepared again.
+                    await forget_prepared(conn)
+                    await cur.execute(req.sql, req.params, prepare=True)
+                row = await cur.fetchone()
         except psycopg.Error as exc:
             if _lost(conn):
                 return await self._resolve([req], exc)
-            if isinstance(exc, psycopg.errors.InvalidSqlStatementName):
-                # Its prepared statements were dropped behind psycopg's back (a pooler's
-                # DISCARD ALL or DEALLOCATE ALL): psycopg would keep naming them on every write,
-                # so the connection is dropped and a fresh one prepares them again. The
-                # statement never ran: nothing was written.
-                await conn.close()
             req.error = self._statement_error(req, exc)
             return False
         if self._settle(req, row):

@@ -73,6 +73,7 @@ from loom.storage._index import (
 from loom.storage._loads import add_beyond, assemble, chunks, postgres_load_many
 from loom.storage._postgres_branches import PostgresBranches
 from loom.storage._postgres_commit import PostgresWrite, PostgresWriter, WriteKind
+from loom.storage._postgres_lean import forget_prepared
 from loom.storage._postgres_listen import NotifyListener
 from loom.storage._postgres_sql import (
     MAX_NOTE_BYTES,
@@ -321,7 +322,14 @@ class PostgresStore(PostgresBranches):
         for attempt in (1, 2):
             try:
                 async with pool.connection() as conn:
-                    cur = await conn.execute(sql, params)
+                    try:
+                        cur = await conn.execute(sql, params)
+                    except psycopg.errors.InvalidSqlStatementName:
+                        # Its prepared statements were dropped behind psycopg's back (a pooler's
+                        # DISCARD ALL): psycopg would keep naming them on this connection. Reads
+                        # are idempotent; this one runs again, prepared again when it is due.
+                        await forget_prepared(conn)
+                        cur = await conn.execute(sql, params)
                     return await cur.fetchall()
             except psycopg.OperationalError as exc:
                 # Reads are idempotent: once the pool has replaced the connections that died

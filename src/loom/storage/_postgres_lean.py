@@ -1,0 +1,223 @@
+"""The lone write's round trip, as libpq calls on the writer's held connection.
+
+A lone write (the common case: one step's append) is one autocommit statement. Through a psycopg
+cursor it pays for the cursor's query conversion, parameter adaptation, prepared-statement
+bookkeeping and a generic wait (a poll, a timer and the reader's registration per round trip):
+about as much client CPU as the rest of the append. Here the statement is converted to ``$n``
+form and prepared once per connection under a name of our own, its scalar parameters are
+encoded straight to text, and the answer is awaited on one reader callback.
+
+Only scalar parameters (``str``, ``int``, ``float``, ``bool``, ``None``) take this path; a
+statement with arrays or bytes goes through psycopg as before. A prepared statement dropped
+behind our back (a pooler's ``DISCARD ALL``, psycopg's own ``DEALLOCATE ALL`` after a
+``ROLLBACK`` on the connection) is prepared again and the statement sent again: it never ran.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import psycopg
+import psycopg.errors
+from psycopg import pq
+
+from loom.storage._postgres_sql import Conn
+
+__all__ = ["LeanStatements", "forget_prepared", "lean_values"]
+
+_PLACEHOLDER = re.compile(r"%\((\w+)\)s|%s|%%")
+
+# Parameter types sent with the PREPARE: the server then needs no inference (an untyped integer
+# beside ``- 1`` would be taken as int4), and a value's type picks its own prepared statement.
+_TEXT, _INT8, _FLOAT8, _BOOL, _UNKNOWN = 25, 20, 701, 16, 0
+
+#: (statement text, parameter names or count) by the psycopg statement text.
+_converted: dict[str, tuple[bytes, tuple[str, ...] | int]] = {}
+
+
+def _convert(sql: str) -> tuple[bytes, tuple[str, ...] | int]:
+    """``sql`` with psycopg placeholders (all named or all positional) in ``$n`` form."""
+    found = _converted.get(sql)
+    if found is not None:
+        return found
+    names: list[str] = []
+    count = 0
+
+    def number(m: re.Match[str]) -> str:
+        nonlocal count
+        if m.group(0) == "%%":
+            return "%"
+        name = m.group(1)
+        if name is None:
+            count += 1
+            return f"${count}"
+        if name not in names:
+            names.append(name)
+        return f"${names.index(name) + 1}"
+
+    text = _PLACEHOLDER.sub(number, sql)
+    if names and count:
+        raise ValueError("a statement mixes named and positional placeholders")
+    found = (text.encode(), tuple(names) if names else count)
+    _converted[sql] = found
+    return found
+
+
+def _encode(value: Any) -> tuple[bytes | None, int] | None:
+    """A parameter in text format with its type, or None if this path does not send it."""
+    kind = type(value)
+    if kind is str:
+        return value.encode(), _TEXT
+    if kind is int:
+        return str(value).encode(), _INT8
+    if kind is float:
+        if math.isfinite(value):
+            return repr(value).encode(), _FLOAT8
+        return (b"NaN" if math.isnan(value) else b"Infinity" if value > 0 else b"-Infinity"), (
+            _FLOAT8
+        )
+    if value is None:
+        return None, _UNKNOWN
+    if kind is bool:
+        return (b"t" if value else b"f"), _BOOL
+    if isinstance(value, str):  # a str subclass (an enum's value)
+        return str.encode(value), _TEXT
+    return None  # arrays, bytes, anything else: psycopg adapts them
+
+
+def lean_values(
+    sql: str, params: Mapping[str, Any] | Sequence[Any]
+) -> tuple[bytes, list[bytes | None], tuple[int, ...]] | None:
+    """(the ``$n`` statement, its encoded values, their types), or None when a parameter is not
+    a scalar (the write then goes through psycopg)."""
+    text, shape = _convert(sql)
+    if isinstance(shape, tuple):
+        if not isinstance(params, Mapping):
+            return None
+        ordered: Sequence[Any] = [params[name] for name in shape]
+    else:
+        if isinstance(params, Mapping) or len(params) != shape:
+            return None
+        ordered = params
+    values: list[bytes | None] = []
+    types: list[int] = []
+    for value in ordered:
+        encoded = _encode(value)
+        if encoded is None:
+            return None
+        values.append(encoded[0])
+        types.append(encoded[1])
+    return text, values, tuple(types)
+
+
+async def forget_prepared(conn: Conn) -> None:
+    """Make psycopg forget the statements it prepared on ``conn`` (they were dropped behind
+    its back, and it would keep naming them): it clears its cache when it sees a
+    ``DEALLOCATE ALL`` go through, and prepares them again on their next uses."""
+    await conn.execute("DEALLOCATE ALL")
+
+
+def _wake(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+class LeanStatements:
+    """The statements prepared on one connection by this path, and its round trip.
+
+    Used only while the writer holds the connection for one batch, so never concurrently.
+    """
+
+    def __init__(self, conn: Conn) -> None:
+        self.conn = conn
+        self._names: dict[tuple[bytes, tuple[int, ...]], bytes] = {}
+        #: Names are never reused on a connection, so one prepared again after a loss cannot
+        #: collide with one the server still holds.
+        self._next = 0
+
+    async def execute(
+        self, text: bytes, values: list[bytes | None], types: tuple[int, ...]
+    ) -> tuple[Any, ...] | None:
+        """Run one prepared statement; return its first row (its first column as an int: every
+        write statement answers with a count or a number), or None if it returned no row.
+
+        Raises the psycopg error of a failed statement (nothing of it was written), or
+        ``psycopg.OperationalError`` if the connection was lost (the outcome is then unknown).
+        """
+        name = await self._prepared(text, types)
+        try:
+            result = await self._run(name, values)
+        except psycopg.errors.InvalidSqlStatementName:
+            # Dropped behind our back since we prepared it; the statement never ran.
+            self._names.clear()
+            name = await self._prepared(text, types)
+            result = await self._run(name, values)
+        if result.ntuples == 0:
+            return None
+        first = result.get_value(0, 0)
+        return (None if first is None else int(first),)
+
+    async def _prepared(self, text: bytes, types: tuple[int, ...]) -> bytes:
+        key = (text, types)
+        name = self._names.get(key)
+        if name is None:
+            self._next += 1
+            name = f"loom_w{self._next}".encode()
+            self.conn.pgconn.send_prepare(name, text, types)
+            await self._answer(pq.ExecStatus.COMMAND_OK)
+            self._names[key] = name
+        return name
+
+    async def _run(self, name: bytes, values: list[bytes | None]) -> pq.abc.PGresult:
+        self.conn.pgconn.send_query_prepared(name, values)
+        return await self._answer(pq.ExecStatus.TUPLES_OK)
+
+    async def _answer(self, expected: pq.ExecStatus) -> pq.abc.PGresult:
+        """Flush what was sent and collect the answer (one result, then the end of it)."""
+        pgconn = self.conn.pgconn
+        loop = asyncio.get_running_loop()
+        try:
+            while pgconn.flush():  # rare: the socket's buffer is full
+                await self._ready(loop, pgconn.socket, write=True)
+            results: list[pq.abc.PGresult] = []
+            while True:
+                if pgconn.is_busy():
+                    await self._ready(loop, pgconn.socket)
+                    pgconn.consume_input()
+                    continue
+                result = pgconn.get_result()
+                if result is None:
+                    break
+                results.append(result)
+        except BaseException:
+            # Cancelled or failed with a statement in flight: the connection cannot be reused
+            # (psycopg would find it mid-answer), so it is closed and the pool drops it.
+            if pgconn.transaction_status == pq.TransactionStatus.ACTIVE:
+                await self.conn.close()
+            raise
+        for result in results:
+            if result.status == pq.ExecStatus.FATAL_ERROR:
+                raise psycopg.errors.error_from_result(result, encoding=self.conn.info.encoding)
+        if len(results) != 1 or results[0].status != expected:
+            statuses = [pq.ExecStatus(r.status).name for r in results]
+            raise psycopg.InterfaceError(f"unexpected answer to a write: {statuses}")
+        return results[0]
+
+    @staticmethod
+    async def _ready(loop: asyncio.AbstractEventLoop, fd: int, *, write: bool = False) -> None:
+        fut = loop.create_future()
+        if write:
+            loop.add_writer(fd, _wake, fut)
+        else:
+            loop.add_reader(fd, _wake, fut)
+        try:
+            await fut
+        finally:
+            if write:
+                loop.remove_writer(fd)
+            else:
+                loop.remove_reader(fd)
