@@ -19,6 +19,7 @@ from loom.errors import (
     StorageError,
     StorageWriteError,
 )
+from loom.model import Envelope, EventType
 from loom.storage import Snapshot, Store
 from loom.storage._blobs import blob_hash
 from loom.storage._postgres_commit import PostgresWriter
@@ -374,6 +375,43 @@ async def test_lost_commit_is_resolved_as_nothing_written(
     assert "nothing was written" in str(results[0])
     for i in ids:
         assert await store.last_sequence(i) == -1
+
+
+async def test_a_lost_commit_is_checked_against_the_whole_batch(
+    store: PostgresStore, pg_dsn: str, schema: str
+) -> None:
+    """A take-over whose COMMIT's answer is lost, while a racer took over from the same fence
+    with a batch that starts with the very same record (same fence, content and time) and ends
+    differently: the records stored are the racer's, so ours must be reported not written.
+    A probe of the first record alone would acknowledge a write that never happened."""
+    fence = await store.acquire_fence("race")
+    await store.append([env("race", 0, fence)])
+
+    def record(seq: int, output: str) -> Envelope:
+        payload = {"position": seq, "step_id": "s", "output": output}
+        return Envelope.create(
+            "race", seq, EventType.STEP_COMPLETED, payload, fence=fence + 1, recorded_at=1.0
+        )
+
+    ours = [record(1, "same"), record(2, "ours")]
+    theirs = [record(1, "same"), record(2, "theirs")]
+    assert ours[0].checksum() == theirs[0].checksum()
+    racer = await PostgresStore.open(pg_dsn, schema=schema)  # another process's store
+    writer = store._writer
+
+    async def racer_commits_then_ours_is_lost(conn: Any, req: Any, *_: Any) -> bool:
+        await racer.take_over(theirs, from_fence=fence)
+        return await writer._resolve([req], psycopg.OperationalError("connection lost"))
+
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(writer, "_run_single", racer_commits_then_ours_is_lost)
+            with pytest.raises(StorageWriteError, match="nothing was written"):
+                await store.take_over(ours, from_fence=fence)
+    finally:
+        await racer.close()
+    stored = await store.read("race", from_sequence=1)
+    assert [e.payload["output"] for e in stored] == ["same", "theirs"]
 
 
 # ---------------------------------------------------------------- LISTEN / NOTIFY

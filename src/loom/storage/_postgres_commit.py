@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -61,8 +61,8 @@ class PostgresWrite(WriteRequest):
     #: The envelopes' fence for an append; the fence taken over *from* for a take-over.
     fence: int = 0
     count: int = 0
-    #: (envelope_id, sequence, checksum) of the first envelope: proves an append landed.
-    probe: tuple[str, int, str] | None = None
+    #: (first sequence, ids as stored, checksums) of every envelope: proves an append landed.
+    probe: tuple[int, Sequence[str], Sequence[str]] | None = None
 
 
 def _lost(conn: Conn) -> bool:
@@ -407,9 +407,15 @@ class PostgresWriter:
     async def _resolve(self, batch: list[PostgresWrite], exc: psycopg.Error) -> bool:
         """The connection died while committing: find out whether the batch landed.
 
-        The batch is atomic, so one envelope of one append in it answers for all of it. The
-        check first takes a share lock on that execution's head row, which waits until the
-        dead session's transaction (holding the row) is really gone, committed or not.
+        The batch is atomic, so one append in it answers for all of it, if it is recognised
+        whole: every envelope's id and checksum (which covers its fence, content and time).
+        Its first record alone is not enough: a racer taking over from the same fence writes
+        under the same new fence at the same sequence, and its batch may start with the very
+        same record (a marker built the same way at the same time) and go on differently; the
+        stored records then are not ours, and acknowledging ours would claim a write that
+        never happened. The check first takes a share lock on that execution's head row,
+        which waits until the dead session's transaction (holding the row) is really gone,
+        committed or not.
         """
         self.check_pool()
         probe = next((r for r in batch if r.kind in _EVENT_WRITES and r.error is None), None)
@@ -432,7 +438,7 @@ class PostgresWriter:
 
     async def _probe(self, req: PostgresWrite) -> bool | None:
         assert req.probe is not None
-        envelope_id, sequence, checksum = req.probe
+        first, ids, sums = req.probe
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.resolve_timeout
         delay = 0.05
@@ -448,7 +454,8 @@ class PostgresWriter:
                     )
                     await conn.execute(self._sql.probe_lock, (req.execution_id,))
                     cur = await conn.execute(
-                        self._sql.probe, (envelope_id, req.execution_id, sequence, checksum)
+                        self._sql.probe,
+                        (req.execution_id, first, first + len(sums), list(ids), list(sums)),
                     )
                     return await cur.fetchone() is not None
             except psycopg.Error:

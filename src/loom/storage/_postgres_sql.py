@@ -327,9 +327,11 @@ _READ = (
     "FROM {s}.events WHERE execution_id = %s AND sequence >= %s ORDER BY sequence"
 )
 
+# A batch landed if its whole range holds exactly its records (ids as stored, checksums).
 _PROBE = (
-    "SELECT 1 FROM {s}.events WHERE envelope_id = %s AND execution_id = %s "
-    "AND sequence = %s AND checksum = %s"
+    "SELECT 1 FROM {s}.events WHERE execution_id = %s AND sequence >= %s AND sequence < %s "
+    "HAVING array_agg(envelope_id ORDER BY sequence) = %s::text[] "
+    "AND array_agg(checksum ORDER BY sequence) = %s::text[]"
 )
 
 # Rescheduling a position replaces the timer and drops any claim on it (the later call wins).

@@ -456,8 +456,8 @@ class PostgresStore(PostgresBranches):
             first=first,
             fence=fence,
             count=len(envelopes),
-            # The id as stored: a lost COMMIT's probe matches the row itself.
-            probe=(ids[0], first, sums[0]),
+            # The ids as stored: a lost COMMIT's probe matches the rows themselves.
+            probe=(first, ids, sums),
         )
         await self._submit(req)
 
