@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import psycopg
@@ -67,26 +67,19 @@ def _convert(sql: str) -> tuple[bytes, tuple[str, ...] | int]:
     return found
 
 
-def _encode(value: Any) -> tuple[bytes | None, int] | None:
-    """A parameter in text format with its type, or None if this path does not send it."""
-    kind = type(value)
-    if kind is str:
-        return value.encode(), _TEXT
-    if kind is int:
-        return str(value).encode(), _INT8
-    if kind is float:
-        if math.isfinite(value):
-            return repr(value).encode(), _FLOAT8
-        return (b"NaN" if math.isnan(value) else b"Infinity" if value > 0 else b"-Infinity"), (
-            _FLOAT8
-        )
-    if value is None:
-        return None, _UNKNOWN
-    if kind is bool:
-        return (b"t" if value else b"f"), _BOOL
-    if isinstance(value, str):  # a str subclass (an enum's value)
-        return str.encode(value), _TEXT
-    return None  # arrays, bytes, anything else: psycopg adapts them
+def _float(value: float) -> bytes:
+    if math.isfinite(value):
+        return repr(value).encode()
+    return b"NaN" if math.isnan(value) else b"Infinity" if value > 0 else b"-Infinity"
+
+
+#: How each scalar type is sent: (its text form, its type).
+_ENCODERS: dict[type, tuple[Callable[[Any], bytes], int]] = {
+    str: (str.encode, _TEXT),
+    int: (lambda v: b"%d" % v, _INT8),
+    float: (_float, _FLOAT8),
+    bool: (lambda v: b"t" if v else b"f", _BOOL),
+}
 
 
 def lean_values(
@@ -106,11 +99,17 @@ def lean_values(
     values: list[bytes | None] = []
     types: list[int] = []
     for value in ordered:
-        encoded = _encode(value)
-        if encoded is None:
-            return None
-        values.append(encoded[0])
-        types.append(encoded[1])
+        if value is None:
+            values.append(None)
+            types.append(_UNKNOWN)
+            continue
+        encoder = _ENCODERS.get(type(value))
+        if encoder is None:
+            if not isinstance(value, str):
+                return None  # arrays, bytes, anything else: psycopg adapts them
+            encoder = _ENCODERS[str]  # a str subclass (an enum's value)
+        values.append(encoder[0](value))
+        types.append(encoder[1])
     return text, values, tuple(types)
 
 
