@@ -48,11 +48,36 @@ PG_DSN = os.environ.get("BENCH_PG_DSN", "postgresql://postgres@127.0.0.1:5432/te
 STORES = ("sqlite-NORMAL", "sqlite-FULL", "postgres")
 
 
+class _TimedCursor(sqlite3.Cursor):
+    """A cursor of a :class:`_Timed` connection: its execute/executemany are timed too (a
+    store may reuse a cursor rather than call the connection's execute)."""
+
+    def execute(self, *args: Any) -> sqlite3.Cursor:  # type: ignore[override]
+        start = time.process_time_ns()
+        try:
+            return super().execute(*args)
+        finally:
+            _Timed.spent += time.process_time_ns() - start
+            _Timed.calls += 1
+
+    def executemany(self, *args: Any) -> sqlite3.Cursor:  # type: ignore[override]
+        start = time.process_time_ns()
+        try:
+            return super().executemany(*args)
+        finally:
+            _Timed.spent += time.process_time_ns() - start
+            _Timed.calls += 1
+
+
 class _Timed(sqlite3.Connection):
-    """A connection that adds the CPU time of every execute/executemany to ``spent``."""
+    """A connection that adds the CPU time of every execute/executemany (its own and its
+    cursors') to ``spent``."""
 
     spent = 0
     calls = 0
+
+    def cursor(self, factory: Any = _TimedCursor) -> sqlite3.Cursor:  # type: ignore[override]
+        return super().cursor(factory)
 
     def execute(self, *args: Any) -> sqlite3.Cursor:  # type: ignore[override]
         start = time.process_time_ns()

@@ -62,8 +62,24 @@ class _Batches:
                 self.futures.extend(r.future for r in batch)
             return done
 
+        append_lone = store._append_lone
+
+        def recording_lone(env: Envelope) -> Any:
+            # A plain record's lone write, committed (or refused: raised) straight through in
+            # the caller's frame.
+            done: Any = True
+            try:
+                done = append_lone(env)
+                return done
+            finally:
+                if done is True:
+                    self.sizes.append(1)
+                    self.alone.append(True)
+                    self.futures.append(None)
+
         store._commit = recording  # type: ignore[method-assign]
         store._commit_here = recording_here  # type: ignore[method-assign]
+        store._append_lone = recording_lone  # type: ignore[method-assign]
         # The engine binds both when made: make it anew, over the recording ones.
         store._hot_engine = None
         store._engines.clear()

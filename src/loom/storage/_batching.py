@@ -92,6 +92,17 @@ class GroupCommit(Generic[R]):
         self._inflight = 0
         self._tasks: set[asyncio.Task[Any]] = set()
 
+    def alone(self) -> bool:
+        """Whether a write now is a lone write (no batch collecting or running, nothing else
+        ready to run on the loop) that the store may commit in the caller's frame, as
+        :meth:`commit_alone` does; the store must then finish it without awaiting."""
+        return (
+            self._run_now is not None
+            and not self._inflight
+            and not self._pending
+            and not (self.coalesce and _others_ready())
+        )
+
     def commit_alone(self, req: R) -> bool:
         """Commit ``req`` now, in the caller's own frame, if it is a lone write (as in
         :meth:`submit`) and the store's ``run_now`` can commit it without waiting; then

@@ -40,6 +40,7 @@ from loom import faults
 from loom.errors import (
     ConfigurationError,
     CorruptEventError,
+    DuplicateEnvelopeIdError,
     LoomError,
     NotALoomDatabaseError,
     StorageError,
@@ -53,6 +54,7 @@ from loom.model import (
     encode_json,
     summary_change,
 )
+from loom.model._summary import SUMMARY_EVENT_TYPES
 from loom.storage._batching import GroupCommit, WriteRequest
 from loom.storage._blobs import check_blobs
 from loom.storage._common import (
@@ -82,6 +84,8 @@ from loom.storage._sqlite_branches import SQLiteBranches
 from loom.storage._sqlite_index import SQLiteIndexReads
 from loom.storage._sqlite_schema import check_readable, load_reserved, migrate
 from loom.storage._sqlite_sql import (
+    APPEND_CHECK,
+    INSERT_EVENT,
     LAST_SEQUENCE,
     append_check,
     ended_refusal,
@@ -175,6 +179,7 @@ class SQLiteStore(SQLiteBranches, SQLiteIndexReads, SQLiteSideTables):
         self._thread: concurrent.futures.ThreadPoolExecutor | None = None
         self._thread_pid = 0
         self._writer: sqlite3.Connection | None = None
+        self._writer_cursor: sqlite3.Cursor | None = None
         self._writer_lock = threading.Lock()
         self._writer_pid = 0
         self._broken: BaseException | None = None
@@ -263,6 +268,8 @@ class SQLiteStore(SQLiteBranches, SQLiteIndexReads, SQLiteSideTables):
             conn.execute("PRAGMA busy_timeout = 0")
             self._writer = conn
             self._writer_pid = pid
+            # Reused by the lone append (see _append_lone): conn.execute makes a cursor a call.
+            self._writer_cursor = conn.cursor()
         return self._writer
 
     def _writer_thread(self) -> concurrent.futures.ThreadPoolExecutor:
@@ -510,6 +517,13 @@ class SQLiteStore(SQLiteBranches, SQLiteIndexReads, SQLiteSideTables):
     # ---------------------------------------------------------------- EventStore
 
     async def append(self, envelopes: Sequence[Envelope]) -> None:
+        if len(envelopes) == 1:
+            lone = self._append_lone(envelopes[0])
+            if lone is True:
+                return
+            if lone is not False:
+                await lone[1].submit(lone[0])  # the lock was busy: the writer thread waits
+                return
         # Built and written here (not through _submit): one coroutine fewer on every step.
         apply, execution_id, feed = self._append_write(envelopes, None, "")
         req, engine = self._write(apply, execution_id, feed)
@@ -525,6 +539,137 @@ class SQLiteStore(SQLiteBranches, SQLiteIndexReads, SQLiteSideTables):
         check_blobs(blobs)
         apply, execution_id, feed = self._append_write(envelopes, blobs, namespace)
         await self._submit(apply, execution_id, feed=feed)
+
+    def _append_lone(self, env: Envelope) -> bool | tuple[_Request, GroupCommit[_Request]]:
+        """Commit one plain record (a step's, say) here and now, straight through: what
+        ``_append_write``, ``_write``, ``commit_alone``, ``_commit_here`` and ``_run_batch``
+        do for it, with the same statements, checks, fault points and errors, without their
+        closure, request, batch list and calls (a few µs of every step).
+
+        True: committed (or refused: raised). False: not such a write, or not alone (another
+        write is collecting, running or ready, or the store cannot write): nothing was done,
+        not even a fault point crossed, and the general path takes it. A request and its
+        engine: another process holds the write lock (``before_append`` was crossed), so the
+        request goes to the engine, whose writer thread waits for the lock.
+
+        Only a record that moves no summary, after sequence 0, under its derived id, with no
+        reserved ids in the file: anything else needs the general path's extra writes.
+        """
+        execution_id, sequence, fence = env.execution_id, env.sequence, env.fence
+        if (
+            sequence < 1
+            or fence < 1
+            or env.type in SUMMARY_EVENT_TYPES
+            or not env.payload_json
+            or self._reserved
+            or self._closed
+            or self.read_only
+            or self._broken is not None
+            or env.envelope_id != f"{execution_id}#{sequence}.{fence}"
+        ):
+            return False
+        loop = asyncio.get_running_loop()
+        hot = self._hot_engine
+        engine = hot[1] if hot is not None and hot[0]() is loop else self._engine(loop)
+        if not engine.alone():
+            return False
+        lock = self._writer_lock
+        if not lock.acquire(blocking=False):
+            return False
+        error: BaseException | None = None
+        try:
+            conn = self._writer
+            cur = self._writer_cursor
+            if conn is None or cur is None or self._writer_pid != _pid:
+                conn = self._writer_conn()
+                cur = self._writer_cursor
+                assert cur is not None
+            try:
+                faults.hit("before_append")
+                # Busy timeout 0 on the writer (see _writer_conn): a lock held by another
+                # process answers SQLITE_BUSY at once instead of blocking the event loop.
+                cur.execute("BEGIN IMMEDIATE")
+            except sqlite3.OperationalError as exc:
+                if exc.sqlite_errorcode & 0xFF != sqlite3.SQLITE_BUSY:
+                    raise self._write_error("could not begin a write transaction", exc) from exc
+                apply, _, _ = self._append_write([env], None, "")
+                return _Request(apply=apply, notify=execution_id, busy=True), engine
+            except (sqlite3.Error, faults.InjectedFaultError) as exc:
+                raise self._write_error("could not begin a write transaction", exc) from exc
+            try:
+                # The checks of _append_write's apply: the fence and the tail read inside the
+                # write transaction; the row as event_row writes it (derived id stored empty).
+                current_fence, last, last_type = cur.execute(
+                    APPEND_CHECK, (execution_id,)
+                ).fetchone()
+                if current_fence != fence or last != sequence - 1:
+                    error = refusal_for(
+                        execution_id,
+                        sequence,
+                        fence,
+                        0 if current_fence is None else int(current_fence),
+                        0 if last is None else int(last) + 1,
+                    )
+                if error is None and last_type in TERMINAL_TYPES:
+                    error = ended(execution_id, last_type)
+                if error is None:
+                    try:
+                        cur.execute(
+                            INSERT_EVENT,
+                            (
+                                execution_id,
+                                sequence,
+                                "",
+                                str(env.type),
+                                env.payload_json,
+                                env.recorded_at,
+                                fence,
+                                env.checksum(),
+                            ),
+                        )
+                    except sqlite3.IntegrityError as exc:
+                        error = DuplicateEnvelopeIdError(
+                            f"an envelope id of this batch is already stored ({exc})",
+                            execution_id=execution_id,
+                        )
+                        error.__cause__ = exc
+                if error is not None:
+                    cur.execute("ROLLBACK")  # a refusal: nothing of it stays
+                    return True
+                faults.hit("before_commit")
+            except BaseException as exc:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
+                error = self._write_error("a write statement failed", exc)
+                return True
+            try:
+                cur.execute("COMMIT")
+            except BaseException as exc:
+                self._broken = exc
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
+                error = self._write_error("COMMIT failed; the writer stopped", exc)
+                return True
+            try:
+                faults.hit("after_append_before_ack")
+            except BaseException as exc:
+                error = StorageWriteError(
+                    f"SQLite store {self.path}: the batch committed but its acknowledgement "
+                    f"failed: {exc}",
+                    hint="Re-read the execution before retrying: the write is durable",
+                    outcome=WriteOutcome.COMMITTED,
+                )
+                error.__cause__ = exc
+                return True
+        finally:
+            lock.release()
+            if error is not None:
+                raise error
+        # Nobody waiting (the common case): nothing to build. Read without the lock: a waiter
+        # registers before it re-reads the log, so it never misses this write.
+        if self._waiters._by_execution:
+            self._waiters.notify([execution_id])
+        return True
 
     def _append_write(
         self, envelopes: Sequence[Envelope], blobs: Mapping[str, bytes] | None, namespace: str

@@ -1,0 +1,149 @@
+"""SQLite's straight-through lone append (one plain record, no other writer): it writes exactly
+the row the general write path writes, refuses exactly what that path refuses (with the same
+errors), and crosses the same fault points."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from loom import faults
+from loom.errors import (
+    DuplicateSequenceError,
+    ExecutionEndedError,
+    LoomError,
+    StaleFenceError,
+    StorageWriteError,
+    WriteOutcome,
+)
+from loom.model import Envelope, EventType, StepCompleted
+from loom.storage import SQLiteStore
+
+
+class _Lone:
+    """Counts the appends ``store`` committed or refused straight through (``taken``); with
+    ``off`` the straight path is never taken, so the store runs its general write path."""
+
+    def __init__(self, store: SQLiteStore, *, off: bool = False) -> None:
+        self.taken = 0
+        append_lone = store._append_lone
+
+        def counting(env: Envelope) -> Any:
+            if off:
+                return False
+            done: Any = True
+            try:
+                done = append_lone(env)
+                return done
+            finally:
+                self.taken += done is True
+
+        store._append_lone = counting  # type: ignore[method-assign]
+
+
+def _step(eid: str, seq: int, fence: int, output: Any = None) -> Envelope:
+    event = StepCompleted(seq, "s", 1, output, 1.5)
+    return Envelope.of(eid, seq, event, fence=fence, recorded_at=2.25 + seq)
+
+
+def _start(eid: str, fence: int) -> Envelope:
+    payload = {"flow_id": "f", "flow_version": "1", "input": None, "metadata": {}}
+    return Envelope.create(
+        eid, 0, EventType.EXECUTION_STARTED, payload, fence=fence, recorded_at=2.0
+    )
+
+
+def _rows(path: Path) -> list[tuple[Any, ...]]:
+    with sqlite3.connect(path) as conn:
+        return conn.execute("SELECT * FROM loom_events ORDER BY execution_id, sequence").fetchall()
+
+
+async def _refusals(store: SQLiteStore) -> list[tuple[type[BaseException], str]]:
+    """Every refusal an append of one step record can meet, in order, as (type, message)."""
+    seen: list[tuple[type[BaseException], str]] = []
+
+    async def refused(env: Envelope) -> None:
+        with pytest.raises(LoomError) as info:
+            await store.append([env])
+        seen.append((type(info.value), str(info.value)))
+
+    old = await store.acquire_fence("z")
+    await store.append([_start("z", old)])
+    await store.append([_step("z", 1, old)])
+    new = await store.acquire_fence("z")  # a new holder: the old one is fenced out
+    await refused(_step("z", 2, old))  # the zombie's next record
+    await refused(_step("z", 2, new + 1))  # a fence never issued
+    await refused(_step("z", 1, new))  # a duplicate sequence
+    await refused(_step("z", 3, new))  # a gap
+    await store.append([_step("z", 2, new)])
+    ended = Envelope.create(
+        "z", 3, EventType.EXECUTION_COMPLETED, {"output": None}, fence=new, recorded_at=9.0
+    )
+    await store.append([ended])
+    await refused(_step("z", 4, new))  # after the terminal record
+    return seen
+
+
+async def test_the_lone_append_writes_what_the_general_path_writes(tmp_path: Path) -> None:
+    lone_store, general_store = SQLiteStore(tmp_path / "lone.db"), SQLiteStore(tmp_path / "gen.db")
+    lone, general = _Lone(lone_store), _Lone(general_store, off=True)
+    outputs: list[Any] = [None, 7, "é\u2028", True, 2.5, {"a": [1, None]}, [1.5, "x"]]
+    for store in (lone_store, general_store):
+        fence = await store.acquire_fence("e")
+        await store.append([_start("e", fence)])
+        for seq, output in enumerate(outputs, start=1):
+            await store.append([_step("e", seq, fence, output)])
+    assert lone.taken == len(outputs) and general.taken == 0
+    assert _rows(tmp_path / "lone.db") == _rows(tmp_path / "gen.db")  # byte for byte
+    read_lone, read_general = await lone_store.read("e"), await general_store.read("e")
+    assert [e.to_dict() for e in read_lone] == [e.to_dict() for e in read_general]
+    assert [e.payload_json for e in read_lone] == [e.payload_json for e in read_general]
+    assert [e.checksum() for e in read_lone] == [e.checksum() for e in read_general]
+    await lone_store.close()
+    await general_store.close()
+
+
+async def test_the_lone_append_refuses_what_the_general_path_refuses(tmp_path: Path) -> None:
+    lone_store, general_store = SQLiteStore(tmp_path / "lone.db"), SQLiteStore(tmp_path / "gen.db")
+    lone, general = _Lone(lone_store), _Lone(general_store, off=True)
+    on_lone, on_general = await _refusals(lone_store), await _refusals(general_store)
+    assert on_lone == on_general
+    assert [kind for kind, _ in on_lone] == [
+        StaleFenceError,
+        StaleFenceError,
+        DuplicateSequenceError,
+        DuplicateSequenceError,
+        ExecutionEndedError,
+    ]
+    assert lone.taken == 7 and general.taken == 0  # 2 writes + 5 refusals straight through
+    assert _rows(tmp_path / "lone.db") == _rows(tmp_path / "gen.db")  # refusals left nothing
+    # A refusal leaves the writer usable: the next lone write commits.
+    fence = await lone_store.acquire_fence("after")
+    await lone_store.append([_start("after", fence)])
+    await lone_store.append([_step("after", 1, fence)])
+    assert await lone_store.last_sequence("after") == 1
+    await lone_store.close()
+    await general_store.close()
+
+
+@pytest.mark.parametrize("point", ["before_append", "before_commit", "after_append_before_ack"])
+async def test_the_lone_append_crosses_every_fault_point(tmp_path: Path, point: str) -> None:
+    store = SQLiteStore(tmp_path / "faults.db")
+    lone = _Lone(store)
+    fence = await store.acquire_fence("e")
+    await store.append([_start("e", fence)])
+    faults.arm(point, faults.Raise())
+    try:
+        with pytest.raises(StorageWriteError) as info:
+            await store.append([_step("e", 1, fence)])
+    finally:
+        faults.disarm_all()
+    assert lone.taken == 1
+    committed = point == "after_append_before_ack"
+    assert info.value.outcome is (WriteOutcome.COMMITTED if committed else WriteOutcome.NOT_APPLIED)
+    assert await store.last_sequence("e") == (1 if committed else 0)
+    await store.append([_step("e", 2 if committed else 1, fence)])  # the writer goes on
+    await store.close()
