@@ -4,15 +4,24 @@ from __future__ import annotations
 
 import copy
 import enum
-from collections.abc import Iterable
+from bisect import bisect_right
+from collections.abc import ItemsView, Iterable, Iterator, KeysView, MutableMapping, ValuesView
 from dataclasses import dataclass, field
-from itertools import chain, repeat
+from itertools import accumulate, chain, repeat
 from operator import add
-from typing import Any
+from typing import Any, TypeVar, overload
 
 from loom.model._events import TERMINAL_STATUSES, ExecutionStatus
 
-__all__ = ["ExecutionState", "Gate", "OpKind", "OpRecord", "OpStatus", "WaitOutcome"]
+__all__ = [
+    "ExecutionState",
+    "Gate",
+    "LazyOps",
+    "OpKind",
+    "OpRecord",
+    "OpStatus",
+    "WaitOutcome",
+]
 
 
 class OpKind(enum.StrEnum):
@@ -156,7 +165,9 @@ class ExecutionState:
     last_sequence: int = -1
     started_at: float | None = None
     updated_at: float | None = None
-    ops: dict[int, OpRecord] = field(default_factory=dict)
+    #: The op records by position: a dict, or (for a state loaded from a snapshot) a
+    #: :class:`LazyOps` that builds each record on first access.
+    ops: MutableMapping[int, OpRecord] = field(default_factory=dict)
     waiting: Gate | None = None
     ui: dict[str, Any] = field(default_factory=dict)
     output: Any = None
@@ -183,12 +194,16 @@ class ExecutionState:
         """An independent copy. JSON values are shared: the fold replaces them, never mutates
         them in place, so only the containers and op records need copying."""
         new = copy.copy(self)
-        new.ops = {
-            k: OpRecord(
-                op.kind, op.name, op.status, op.output, op.error, op.attempts, op.annotations
-            )
-            for k, op in self.ops.items()
-        }
+        ops = self.ops
+        if type(ops) is LazyOps:
+            new.ops = ops.clone()
+        else:
+            new.ops = {
+                k: OpRecord(
+                    op.kind, op.name, op.status, op.output, op.error, op.attempts, op.annotations
+                )
+                for k, op in ops.items()
+            }
         if self.waiting is not None:
             w = self.waiting
             new.waiting = Gate(w.position, w.event_type, w.correlation_key, w.timeout_at)
@@ -521,38 +536,328 @@ def _expand(starts: list[int], lengths: list[int]) -> list[int]:
     return list(chain.from_iterable(map(range, starts, map(add, starts, lengths))))
 
 
-def _ops_from_columns(raw: Any) -> dict[int, OpRecord]:
-    starts, lengths, shapes, shape_of, counts, outputs, extras = _frame(raw)
-    kinds, statuses = OpKind._value2member_map_, OpStatus._value2member_map_
-    built: list[tuple[str, str, OpStatus, int]] = []
-    for shape in shapes:
-        if type(shape) is not list or len(shape) != 4:
-            raise ValueError("an op shape is malformed")
-        kind, name, status, attempts = shape
-        member = statuses.get(status) if isinstance(status, str) else None
-        if (
-            member is None
-            or type(attempts) is not int
-            or not isinstance(kind, str)
-            or not isinstance(name, str)
-        ):
-            raise ValueError("an op shape is malformed")
-        built.append((kinds.get(kind, kind), name, member, attempts))  # type: ignore[arg-type]
-    per_op = chain.from_iterable(map(repeat, map(built.__getitem__, shape_of), counts))
-    records = [
-        OpRecord(kind, name, status, output, None, attempts, None)
-        for (kind, name, status, attempts), output in zip(per_op, outputs, strict=True)
-    ]
-    for i, error, notes in extras:
-        if (
-            (error is not None and type(error) is not dict)
-            or (notes is not None and type(notes) is not dict)
-            or (error is None and notes is None)
-        ):
-            raise ValueError("an op's extra record is malformed")
-        record = records[i]
-        record.error, record.annotations = error, notes
-    return dict(zip(_expand(starts, lengths), records, strict=True))
+def _joined_runs(starts: list[int], lengths: list[int]) -> tuple[list[int], list[int]]:
+    """The same positions, in the same order, with each run that continues the one before
+    it joined to it."""
+    joined_starts = [starts[0]]
+    joined_lengths = [lengths[0]]
+    end = starts[0] + lengths[0]
+    for start, length in zip(starts[1:], lengths[1:], strict=True):
+        if start == end:
+            joined_lengths[-1] += length
+        else:
+            joined_starts.append(start)
+            joined_lengths.append(length)
+        end = start + length
+    return joined_starts, joined_lengths
+
+
+def _ops_from_columns(raw: Any) -> LazyOps:
+    return LazyOps(raw)
+
+
+_T = TypeVar("_T")
+#: What a lookup that finds nothing returns internally (an op record is never it).
+_MISSING: Any = object()
+_STEP_KIND = OpKind.STEP
+_DONE = OpStatus.COMPLETED
+
+
+class LazyOps(MutableMapping[int, OpRecord]):
+    """The op records of a state read from a snapshot's compact columns, each record built
+    the first time its position is read (and then kept: the same object on every read, so
+    changing it in place sticks, as in a dict).
+
+    Building 10,000 records was most of the cost of loading a long execution, and a recovery
+    reads them only to replay: :meth:`step_output` answers replay from the columns without
+    building anything. Everything a dict of the same records would show is the same here: the
+    positions in the same order (the stored order, then positions added since, in the order
+    they were added), ``get``, ``in``, ``len``, ``==``. Reading ``values()`` or ``items()`` (or
+    deleting a position) builds every remaining record once and keeps them in a plain dict.
+
+    The columns are checked when this is made (as eagerly as before), and never changed: they
+    may be shared with a decoded snapshot, and with copies (:meth:`clone`).
+    """
+
+    __slots__ = (
+        "_added",
+        "_done_names",
+        "_extras",
+        "_flat",
+        "_hi",
+        "_lengths",
+        "_lo",
+        "_n",
+        "_offsets",
+        "_ops",
+        "_outputs",
+        "_positions",
+        "_shape_of",
+        "_shape_runs",
+        "_shapes",
+        "_single",
+        "_sorted",
+        "_starts",
+    )
+
+    def __init__(self, raw: Any) -> None:
+        starts, lengths, shapes, shape_of, counts, outputs, extras = _frame(raw)
+        kinds, statuses = OpKind._value2member_map_, OpStatus._value2member_map_
+        built: list[tuple[str, str, OpStatus, int]] = []
+        for shape in shapes:
+            if type(shape) is not list or len(shape) != 4:
+                raise ValueError("an op shape is malformed")
+            kind, name, status, attempts = shape
+            member = statuses.get(status) if isinstance(status, str) else None
+            if (
+                member is None
+                or type(attempts) is not int
+                or not isinstance(kind, str)
+                or not isinstance(name, str)
+            ):
+                raise ValueError("an op shape is malformed")
+            built.append((kinds.get(kind, kind), name, member, attempts))  # type: ignore[arg-type]
+        by_op: dict[int, tuple[dict[str, Any] | None, dict[str, Any] | None]] = {}
+        for i, error, notes in extras:
+            if (
+                (error is not None and type(error) is not dict)
+                or (notes is not None and type(notes) is not dict)
+                or (error is None and notes is None)
+            ):
+                raise ValueError("an op's extra record is malformed")
+            by_op[i] = (error, notes)
+        #: Records built or set: at a stored position (replacing the column's) or a new one.
+        self._ops: dict[int, OpRecord] = {}
+        #: The positions set that the columns do not hold, in the order they were added.
+        self._added: dict[int, None] = {}
+        #: True once every record is built and ``_ops`` holds them all in order.
+        self._flat = False
+        self._n = len(outputs)
+        if len(starts) > 1:
+            # A merged chain holds a run per piece, mostly each continuing the one before.
+            starts, lengths = _joined_runs(starts, lengths)
+        self._starts, self._lengths = starts, lengths
+        self._shapes = built
+        #: Per shape, the step name if it is a completed step (what replay looks for).
+        self._done_names = [
+            name if status is _DONE and kind == _STEP_KIND else None
+            for kind, name, status, _ in built
+        ]
+        self._shape_runs = (shape_of, counts)
+        self._shape_of: list[int] | None = None
+        self._outputs = outputs
+        self._extras = by_op
+        self._positions: list[int] | None = None
+        self._lo = min(starts) if starts else 0
+        self._hi = max(map(add, starts, lengths)) if starts else 0
+        #: One run of positions (the usual case): position - _lo is the column index.
+        self._single = len(starts) == 1
+        #: (run starts sorted, their ends, their first op index), for many runs only.
+        self._sorted: tuple[list[int], list[int], list[int]] | None = None
+        self._offsets: list[int] | None = None
+
+    # -------------------------------------------------------------- the columns
+
+    def _index(self, key: object) -> int:
+        """The column index of position ``key``, or -1 if the columns do not hold it."""
+        if type(key) is int:
+            pos = key
+        elif isinstance(key, int) or (isinstance(key, float) and key.is_integer()):
+            pos = int(key)  # what a dict finds for 1.0 or True: position 1
+        else:
+            return -1
+        if self._flat or not self._lo <= pos < self._hi:
+            return -1
+        starts = self._starts
+        if len(starts) == 1:
+            return pos - self._lo
+        runs = self._sorted
+        if runs is None:
+            runs = self._sorted = self._sort_runs()
+        j = bisect_right(runs[0], pos) - 1
+        if j < 0 or pos >= runs[1][j]:
+            return -1
+        return runs[2][j] + pos - runs[0][j]
+
+    def _sort_runs(self) -> tuple[list[int], list[int], list[int]]:
+        starts, lengths = self._starts, self._lengths
+        firsts = [0, *accumulate(lengths)][:-1]
+        order = sorted(range(len(starts)), key=starts.__getitem__)
+        return (
+            [starts[j] for j in order],
+            [starts[j] + lengths[j] for j in order],
+            [firsts[j] for j in order],
+        )
+
+    def _shape_indexes(self) -> list[int]:
+        shape_of = self._shape_of
+        if shape_of is None:
+            values, counts = self._shape_runs
+            shape_of = self._shape_of = list(chain.from_iterable(map(repeat, values, counts)))
+        return shape_of
+
+    def _stored_positions(self) -> list[int]:
+        positions = self._positions
+        if positions is None:
+            positions = self._positions = _expand(self._starts, self._lengths)
+        return positions
+
+    def _build(self, pos: int, i: int) -> OpRecord:
+        kind, name, status, attempts = self._shapes[self._shape_indexes()[i]]
+        error, notes = self._extras.get(i, (None, None))
+        op = OpRecord(kind, name, status, self._outputs[i], error, attempts, notes)
+        self._ops[self._stored_positions()[i] if type(pos) is not int else pos] = op
+        return op
+
+    def _flatten(self) -> dict[int, OpRecord]:
+        """Every record built, in a dict in the order a dict of them would have."""
+        ops = self._ops
+        if self._flat:
+            return ops
+        shapes, extras = self._shapes, self._extras
+        per_op = map(shapes.__getitem__, self._shape_indexes())
+        records = [
+            OpRecord(kind, name, status, output, None, attempts, None)
+            for (kind, name, status, attempts), output in zip(per_op, self._outputs, strict=True)
+        ]
+        for i, (error, notes) in extras.items():
+            record = records[i]
+            record.error, record.annotations = error, notes
+        flat = dict(zip(self._stored_positions(), records, strict=True))
+        flat.update(ops)  # built before (kept: they may have been changed) and added ones
+        self._ops = flat
+        self._flat = True
+        self._single = False
+        self._added = {}
+        return flat
+
+    # -------------------------------------------------------------- replay
+
+    def step_output(self, pos: int, name: str, default: _T) -> Any | _T:
+        """The output of the completed step ``name`` recorded at position ``pos`` (an int),
+        else ``default`` (another op, or none): what replay needs of a position, with no
+        record built. Once per replayed step of a recovery, so the usual case (one run of
+        positions) is inline."""
+        op = self._ops.get(pos, _MISSING)
+        if op is not _MISSING:
+            if op.status is _DONE and op.kind == _STEP_KIND and op.name == name:
+                return op.output
+            return default
+        i = pos - self._lo
+        if not (self._single and 0 <= i < self._n):
+            i = self._index(pos)
+            if i < 0:
+                return default
+        if self._done_names[(self._shape_of or self._shape_indexes())[i]] == name:
+            return self._outputs[i]
+        return default
+
+    def changed_positions(self) -> list[int] | None:
+        """The positions whose records differ from the columns this was read from (added,
+        replaced or changed in place), or None once every record was built (changes are no
+        longer told apart)."""
+        if self._flat:
+            return None
+        changed: list[int] = []
+        shapes, shape_of, outputs, extras = (
+            self._shapes,
+            self._shape_indexes(),
+            self._outputs,
+            self._extras,
+        )
+        for pos, op in self._ops.items():
+            i = self._index(pos)
+            if i < 0:
+                changed.append(pos)
+                continue
+            error, notes = extras.get(i, (None, None))
+            if (
+                (op.kind, op.name, op.status, op.attempts) != shapes[shape_of[i]]
+                or (op.output is not outputs[i] and op.output != outputs[i])
+                or op.error != error
+                or op.annotations != notes
+            ):
+                changed.append(pos)
+        return changed
+
+    @property
+    def stored_count(self) -> int:
+        """How many op records the columns hold."""
+        return self._n
+
+    # -------------------------------------------------------------- the mapping
+
+    def __getitem__(self, pos: int) -> OpRecord:
+        op = self._ops.get(pos, _MISSING)
+        if op is _MISSING:
+            i = self._index(pos)
+            if i < 0:
+                raise KeyError(pos)
+            return self._build(pos, i)
+        return op  # type: ignore[no-any-return]
+
+    @overload
+    def get(self, pos: int, /) -> OpRecord | None: ...
+    @overload
+    def get(self, pos: int, /, default: OpRecord | _T) -> OpRecord | _T: ...
+    def get(self, pos: int, /, default: Any = None) -> Any:
+        op = self._ops.get(pos, _MISSING)
+        if op is _MISSING:
+            i = self._index(pos)
+            if i < 0:
+                return default
+            return self._build(pos, i)
+        return op
+
+    def __setitem__(self, pos: int, op: OpRecord) -> None:
+        ops = self._ops
+        if not self._flat and pos not in ops and self._index(pos) < 0:
+            self._added[pos] = None
+        ops[pos] = op
+
+    def __delitem__(self, pos: int) -> None:
+        del self._flatten()[pos]
+
+    def __contains__(self, pos: object) -> bool:
+        return pos in self._ops or self._index(pos) >= 0
+
+    def __len__(self) -> int:
+        return len(self._ops) if self._flat else self._n + len(self._added)
+
+    def __iter__(self) -> Iterator[int]:
+        if self._flat:
+            return iter(self._ops)
+        return chain(self._stored_positions(), self._added)
+
+    def keys(self) -> KeysView[int]:
+        return self._ops.keys() if self._flat else KeysView(self)
+
+    def values(self) -> ValuesView[OpRecord]:
+        return self._flatten().values()
+
+    def items(self) -> ItemsView[int, OpRecord]:
+        return self._flatten().items()
+
+    def copy(self) -> dict[int, OpRecord]:
+        """A plain dict of the same records (as ``dict.copy``)."""
+        return dict(self._flatten())
+
+    def clone(self) -> LazyOps:
+        """An independent copy: the columns shared, every record built so far copied."""
+        new = LazyOps.__new__(LazyOps)
+        for slot in LazyOps.__slots__:
+            object.__setattr__(new, slot, getattr(self, slot))
+        new._ops = {
+            k: OpRecord(
+                op.kind, op.name, op.status, op.output, op.error, op.attempts, op.annotations
+            )
+            for k, op in self._ops.items()
+        }
+        new._added = dict(self._added)
+        return new
+
+    def __repr__(self) -> str:
+        return repr(dict(self.items()))
 
 
 def merge_stored_ops(pieces: list[Any]) -> Any:

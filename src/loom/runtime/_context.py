@@ -43,6 +43,7 @@ from loom.model import (
     WaitOutcome,
     encode_json,
 )
+from loom.model._state import LazyOps
 from loom.runtime import _children
 from loom.runtime._cancel import cancel_request
 from loom.runtime._children import ChildHandle
@@ -65,6 +66,11 @@ log = logging.getLogger("loom.steps")
 _STEP_INVOKE = Step.invoke
 #: math.isfinite over a step's value once its type is known to be float.
 _finite: Callable[[Any], bool] = math.isfinite
+
+#: What a replay lookup returns for a position that holds no completed step of that name.
+_NOT_REPLAYED: Any = object()
+_COMPLETED = OpStatus.COMPLETED
+_STEP = OpKind.STEP
 
 #: The event type of a durable sleep's wait (what a timer wake resumes).
 TIMER_EVENT = "loom.timer"
@@ -190,6 +196,9 @@ class WorkflowContext:
         #: Tasks other than the flow's own that used this context (``asyncio.gather``): they
         #: are stopped before the run's terminal event is appended.
         self._main_task = asyncio.current_task()
+        #: The loop the flow runs on: ``current_task(loop)`` skips looking the loop up again
+        #: (on 3.11 that is most of its cost, paid once per durable call).
+        self._loop = asyncio.get_running_loop()
         self._tasks: set[asyncio.Task[Any]] = set()
         #: The task that is unwinding a suspension (its later durable calls unwind too).
         self._unwinding: asyncio.Task[Any] | None = None
@@ -330,7 +339,7 @@ class WorkflowContext:
 
     def _enter(self) -> asyncio.Task[Any] | None:
         """Check that an operation may start in the current task; return that task."""
-        task = asyncio.current_task()
+        task = asyncio.current_task(self._loop)
         if task is not None and task is self._unwinding:
             # A ``finally`` (or ``except BaseException``) running while this task unwinds a
             # suspension: it does nothing now, and runs for real when the flow gets past the
@@ -402,23 +411,30 @@ class WorkflowContext:
             raise TypeError(f"ctx.run() takes a @loom.step, not {step!r}")
         task = self._enter()
         pos = self._position
-        op = self._driver.state.ops.get(pos)
-        if (
-            op is not None
-            and op.status is OpStatus.COMPLETED
-            and self._cancel_at is None
-            and op.kind == OpKind.STEP
-            and op.name == step.id
-        ):
+        ops = self._driver.state.ops
+        if type(ops) is LazyOps:
+            # A loaded state answers from its snapshot's columns, building no op record.
+            recorded = ops.step_output(pos, step.id, _NOT_REPLAYED)
+        else:
+            op = ops.get(pos)
+            recorded = (
+                op.output
+                if op is not None
+                and op.status is _COMPLETED
+                and op.kind == _STEP
+                and op.name == step.id
+                else _NOT_REPLAYED
+            )
+        if recorded is not _NOT_REPLAYED and self._cancel_at is None:
             # Replaying a completed step, what a recovery does once per step of the log: the
             # checks of _take_position that can apply here, inline, and no message built
             # unless the recorded output no longer loads.
             self._position = pos + 1
             try:
-                result: R = step.output.load(op.output)
+                result: R = step.output.load(recorded)
             except pydantic.ValidationError:
                 return replayed_value(  # type: ignore[no-any-return]  # raises
-                    step.output, op.output, self, f"the output of step {step.id!r} at {pos}"
+                    step.output, recorded, self, f"the output of step {step.id!r} at {pos}"
                 )
             return result
         pos, op = self._take_position(OpKind.STEP, step.id)
