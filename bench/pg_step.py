@@ -8,8 +8,9 @@ this shared machine hits every row alike), the median round reported:
 * ``floor (async)``: the same on an asyncio connection, in this event loop.
 * ``SELECT 1``: one round trip that commits nothing (the protocol + asyncio floor).
 * ``append statement``: the store's one-envelope append statement, raw on a warm asyncio
-  connection in autocommit (prepared like the store's), ``notify`` on and off: the SQL's cost
-  with no engine and no store Python around it.
+  connection in autocommit, sent as the store sends a lone write (``_postgres_lean``: its own
+  prepared statement, parameters encoded to text, libpq calls), ``notify`` on and off: the
+  SQL's cost with no engine and no store Python around it.
 * ``store.append``: ``PostgresStore.append([envelope])`` with envelopes built beforehand: the
   statement plus the store and its group-commit engine.
 * ``runtime step``: a flow of ``--steps`` ``ctx.run`` steps (as ``bench.peers``' per-step row),
@@ -35,6 +36,7 @@ import psycopg
 
 import loom
 from loom.model import Envelope, EventType
+from loom.storage._postgres_lean import LeanStatements, lean_values
 from loom.storage.postgres import PostgresStore
 
 APP = "loom_pgstep"
@@ -113,6 +115,18 @@ def _count_waits() -> None:
     psycopg.AsyncConnection.wait = counted_async  # type: ignore[method-assign]
     psycopg.Connection.wait = counted_sync  # type: ignore[method-assign]
 
+    # The store's lone writes bypass psycopg's wait (``_postgres_lean``): count their waits for
+    # an answer too (a wait to write, when the socket's buffer is full, is not a round trip).
+    lean_ready = LeanStatements._ready
+
+    async def counted_ready(loop: Any, fd: int, *, write: bool = False) -> None:
+        global _waits
+        if not write:
+            _waits += 1
+        await lean_ready(loop, fd, write=write)
+
+    LeanStatements._ready = staticmethod(counted_ready)  # type: ignore[method-assign]
+
 
 @loom.step(id="inc")
 async def inc(x: int) -> int:
@@ -173,6 +187,7 @@ async def run(steps: int, rounds: int) -> list[Row]:
     sync_conn = psycopg.connect(PG_DSN, autocommit=True)
     aconn = await psycopg.AsyncConnection.connect(PG_DSN, autocommit=True)
     stmt_conn = await psycopg.AsyncConnection.connect(PG_DSN, autocommit=True)
+    lean = LeanStatements(stmt_conn)
     stores = {n: await PostgresStore.open(PG_DSN, schema=schema, notify=n) for n in (True, False)}
     runtime = loom.WorkflowRuntime(stores[True])
     runtime.register(seq_flow)
@@ -247,12 +262,12 @@ async def run(steps: int, rounds: int) -> list[Row]:
             # The first event (a start) goes through the store: it writes the index row.
             first = envelopes(eid, fence, n + 1)
             await store.append(first[:1])
-            params = [raw_params(store, e) for e in first[1:]]
+            encoded = [lean_values(sql, raw_params(store, e)) for e in first[1:]]
             _refresh_backends(sync_conn)
             start = Snap()
-            for p in params:
-                cur = await stmt_conn.execute(sql, p, prepare=True)
-                await cur.fetchone()
+            for values in encoded:
+                assert values is not None
+                await lean.execute(*values)
             rows[f"append statement, notify={'on' if notify else 'off'}"].add(n, start)
 
         return body
