@@ -588,7 +588,6 @@ class LazyOps(MutableMapping[int, OpRecord]):
         "_lengths",
         "_lo",
         "_n",
-        "_offsets",
         "_ops",
         "_outputs",
         "_positions",
@@ -598,6 +597,7 @@ class LazyOps(MutableMapping[int, OpRecord]):
         "_single",
         "_sorted",
         "_starts",
+        "stored_as",
     )
 
     def __init__(self, raw: Any) -> None:
@@ -654,7 +654,10 @@ class LazyOps(MutableMapping[int, OpRecord]):
         self._single = len(starts) == 1
         #: (run starts sorted, their ends, their first op index), for many runs only.
         self._sorted: tuple[list[int], list[int], list[int]] | None = None
-        self._offsets: list[int] | None = None
+        #: (execution id, sequence, chain) of the stored snapshot these columns are, when the
+        #: store told: a driver extends that chain with what changed since (see
+        #: :meth:`changed_positions`). Copies keep it; the driver checks the id and sequence.
+        self.stored_as: tuple[str, int, tuple[int, int]] | None = None
 
     # -------------------------------------------------------------- the columns
 
@@ -754,31 +757,32 @@ class LazyOps(MutableMapping[int, OpRecord]):
 
     def changed_positions(self) -> list[int] | None:
         """The positions whose records differ from the columns this was read from (added,
-        replaced or changed in place), or None once every record was built (changes are no
-        longer told apart)."""
+        replaced or changed in place), in this mapping's order; None if a stored position is
+        gone (a snapshot segment cannot remove an op). Costs the records built so far, or
+        every record once all are built."""
+        ops = self._ops
         if self._flat:
-            return None
-        changed: list[int] = []
-        shapes, shape_of, outputs, extras = (
-            self._shapes,
-            self._shape_indexes(),
-            self._outputs,
-            self._extras,
-        )
-        for pos, op in self._ops.items():
-            i = self._index(pos)
-            if i < 0:
-                changed.append(pos)
-                continue
-            error, notes = extras.get(i, (None, None))
-            if (
-                (op.kind, op.name, op.status, op.attempts) != shapes[shape_of[i]]
-                or (op.output is not outputs[i] and op.output != outputs[i])
-                or op.error != error
-                or op.annotations != notes
-            ):
-                changed.append(pos)
+            positions = self._stored_positions()
+            if len(ops) < len(positions) or not all(map(ops.__contains__, positions)):
+                return None
+            column = dict(zip(positions, range(self._n), strict=True))
+            return [p for p, op in ops.items() if self._differs(op, column.get(p, -1))]
+        stored = [(i, p) for p in ops if (i := self._index(p)) >= 0]
+        stored.sort()
+        changed = [p for i, p in stored if self._differs(ops[p], i)]
+        changed += self._added
         return changed
+
+    def _differs(self, op: OpRecord, i: int) -> bool:
+        """Whether ``op`` differs from the record at column index ``i`` (-1: none)."""
+        if i < 0:
+            return True
+        shapes, shape_of, output = self._shapes, self._shape_indexes(), self._outputs[i]
+        return (
+            (op.kind, op.name, op.status, op.attempts) != shapes[shape_of[i]]
+            or (op.output is not output and op.output != output)
+            or (op.error, op.annotations) != self._extras.get(i, (None, None))
+        )
 
     @property
     def stored_count(self) -> int:

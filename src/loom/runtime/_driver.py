@@ -30,6 +30,7 @@ from loom.model import (
     encode_json,
     new_envelope_id,
 )
+from loom.model._state import LazyOps
 from loom.runtime._clock import Clock
 from loom.runtime._intercept import CallNext
 from loom.storage import (
@@ -142,6 +143,19 @@ class Driver:
         self._snap_input: Any = None
         self._whole_ops = 0
         self._chain_ops = 0
+        #: The ops of a state loaded from the stored snapshot at ``last_snapshot`` (when the
+        #: store said what chain it is): every record they hold unchanged is the stored one,
+        #: so this driver's first snapshot extends that chain too, and each one compares only
+        #: the records changed since the load (see :meth:`LazyOps.changed_positions`).
+        self._loaded: LazyOps | None = None
+        ops = state.ops
+        if type(ops) is LazyOps and ops.stored_as is not None:
+            eid, seq, (whole_ops, chain_ops) = ops.stored_as
+            if eid == state.execution_id and seq == last_snapshot:
+                self._loaded = ops
+                self._snap_marks = {}
+                self._snap_input = state.input
+                self._whole_ops, self._chain_ops = whole_ops, chain_ops
         self.lock = _Turns()
         self.pending_ui: list[UIPatched] = []
         #: Records that may wait for the next append (a child's start: the child exists
@@ -361,8 +375,21 @@ class Driver:
         seq = state.last_sequence
         if seq <= self.last_snapshot:
             return
-        marks = {pos: _mark(op) for pos, op in state.ops.items()}
         prev = self._snap_marks
+        ops = state.ops
+        loaded = self._loaded
+        since_load = None if loaded is None or ops is not loaded else loaded.changed_positions()
+        if since_load is not None and prev is not None and all(map(ops.__contains__, prev)):
+            # Marks of the records that differ from the loaded chain, and of those that did
+            # at the last snapshot (changed back since): every other one is as stored.
+            marks = {pos: _mark(ops[pos]) for pos in (*since_load, *prev)}
+        else:
+            if loaded is not None:
+                # An op vanished, or the state was replaced: the loaded chain is no baseline
+                # any more (the marks so far cover only what changed since it): whole.
+                self._loaded = None
+                prev = None
+            marks = {pos: _mark(op) for pos, op in ops.items()}
         store = self.store
         if prev is not None and isinstance(store, SnapshotSegments) and prev.keys() <= marks.keys():
             changed = [pos for pos, m in marks.items() if prev.get(pos) != m]
@@ -377,6 +404,9 @@ class Driver:
                     self.last_snapshot = seq
                     return
         await store.save_snapshot(Snapshot(state.execution_id, seq, state.to_stored()))
+        if self._loaded is not None:  # the marks cover only the changed records: all now
+            self._loaded = None
+            marks = {pos: _mark(op) for pos, op in ops.items()}
         self._snap_marks = marks
         self._snap_input = state.input
         self._whole_ops = len(marks)

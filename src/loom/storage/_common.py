@@ -29,7 +29,7 @@ from loom.model import (
     decode_json,
 )
 from loom.model._events import as_event_type, has_derived_form
-from loom.model._state import merge_stored_ops, state_from_stored
+from loom.model._state import LazyOps, merge_stored_ops, state_from_stored
 from loom.storage._spi import Snapshot
 
 __all__ = [
@@ -334,7 +334,8 @@ def decode_snapshot(
         raise CorruptEventError(
             f"the snapshot of {execution_id!r} is not decodable", execution_id=execution_id
         ) from exc
-    return Snapshot(execution_id, sequence, state)
+    ops = state.get("ops") if isinstance(state, dict) else None
+    return Snapshot(execution_id, sequence, state, (_op_count(ops), 0))
 
 
 def segment_checksum(execution_id: str, sequence: int, base: int, state_json: str) -> str:
@@ -353,6 +354,7 @@ def merge_segments(whole: Snapshot, segments: Iterable[tuple[int, int, str, str]
     state = whole.state
     sequence = whole.sequence
     pieces: list[Any] = []
+    carried = 0
     for seg_seq, base, state_json, stored in segments:
         if not isinstance(seg_seq, int) or seg_seq <= sequence:
             continue
@@ -386,6 +388,7 @@ def merge_segments(whole: Snapshot, segments: Iterable[tuple[int, int, str, str]
         state.update(part)
         if ops != {}:  # none changed (or an old segment without the key): nothing to merge
             pieces.append(ops)
+        carried += _op_count(ops) + 1
         sequence = seg_seq
     if pieces:
         # All ops at once: merging a compact chain piece by piece would re-copy the growing
@@ -398,7 +401,18 @@ def merge_segments(whole: Snapshot, segments: Iterable[tuple[int, int, str, str]
                 execution_id=eid,
                 sequence=sequence,
             ) from exc
-    return Snapshot(eid, sequence, state)
+    chain = (_op_count(whole.state.get("ops")) if isinstance(whole.state, dict) else 0, carried)
+    return Snapshot(eid, sequence, state, chain)
+
+
+def _op_count(ops: Any) -> int:
+    """How many op records stored ``ops`` hold (0 for a malformed piece: it is refused where
+    the state is read)."""
+    if type(ops) is dict:
+        return len(ops)
+    if type(ops) is list and len(ops) == 6 and type(ops[4]) is list:
+        return len(ops[4])
+    return 0
 
 
 def check_snapshot(snapshot: Snapshot) -> None:
@@ -451,9 +465,12 @@ def validate_snapshot(
     try:
         # One pass, checking each field as it builds the state: the snapshot must be exactly
         # what ExecutionState.to_dict writes (anything else was written by someone else).
-        return state_from_stored(d)
+        state = state_from_stored(d)
     except ValueError as exc:
         raise bad(str(exc)) from exc
+    if type(state.ops) is LazyOps and snapshot.chain is not None:
+        state.ops.stored_as = (execution_id, snapshot.sequence, snapshot.chain)
+    return state
 
 
 class Waiters:

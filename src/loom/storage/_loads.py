@@ -65,8 +65,7 @@ def assemble(
             whole = mine[0]
             snapshot = decode_snapshot(eid, whole[2], whole[4], whole[5])
             segments = [(r[2], r[3], r[4], r[5]) for r in mine if r[0] == KIND_SEGMENT]
-            if segments:
-                snapshot = merge_segments(snapshot, segments)
+            snapshot = merge_segments(snapshot, segments)
             first = snapshot.sequence + 1
         events: list[Envelope] = []
         last = -1

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from loom.model import Envelope, ExecutionStatus, ExecutionSummary
@@ -33,6 +33,11 @@ class Snapshot:
     execution_id: str
     sequence: int
     state: dict[str, Any]
+    #: For a loaded chain (a whole snapshot with segments merged in): how many op records its
+    #: whole snapshot holds and how many its segments carried (plus one per segment), so that
+    #: a driver extending the chain knows when to compact it. None: the store does not say
+    #: (a driver then writes a whole snapshot first).
+    chain: tuple[int, int] | None = field(default=None, compare=False)
 
 
 @runtime_checkable

@@ -278,7 +278,7 @@ class InMemoryStore:
         if stored is None:
             return None
         whole = Snapshot(execution_id, stored[0], decode_json(stored[1], limits=SNAPSHOT_LIMITS))
-        return merge_segments(whole, segments) if segments else whole
+        return merge_segments(whole, segments)
 
     async def schedule_timer(self, timer: Timer) -> None:
         self._check_open()

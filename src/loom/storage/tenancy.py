@@ -368,7 +368,7 @@ class TenantScopedEventStore:
         snap = await self._call(self._snapshot_store().load_snapshot(self._scope(execution_id)))
         if snap is None:
             return None
-        return Snapshot(execution_id, snap.sequence, snap.state)
+        return Snapshot(execution_id, snap.sequence, snap.state, snap.chain)
 
     async def load_many(self, execution_ids: Sequence[str]) -> dict[str, StoredExecution]:
         """See :meth:`loom.storage.LoadsMany.load_many`: one read of the physical store
@@ -382,7 +382,7 @@ class TenantScopedEventStore:
             snap = one.snapshot
             loaded[eid] = StoredExecution(
                 eid,
-                None if snap is None else Snapshot(eid, snap.sequence, snap.state),
+                None if snap is None else Snapshot(eid, snap.sequence, snap.state, snap.chain),
                 [self._unscope_envelope(e) for e in one.events],
                 one.last_sequence,
             )
