@@ -120,7 +120,15 @@ async def forget_prepared(conn: Conn) -> None:
     await conn.execute("DEALLOCATE ALL")
 
 
-def _wake(fut: asyncio.Future[None]) -> None:
+def _wake(loop: asyncio.AbstractEventLoop, fd: int, write: bool, fut: asyncio.Future[None]) -> None:
+    # Unregistered here, not after the waiting task resumes: the socket stays readable until
+    # then, so the loop's next poll would queue this callback again, and that queued (then
+    # cancelled) handle makes the group commit see "another writer ready" and yield a loop
+    # iteration on every write.
+    if write:
+        loop.remove_writer(fd)
+    else:
+        loop.remove_reader(fd)
     if not fut.done():
         fut.set_result(None)
 
@@ -210,13 +218,14 @@ class LeanStatements:
     async def _ready(loop: asyncio.AbstractEventLoop, fd: int, *, write: bool = False) -> None:
         fut = loop.create_future()
         if write:
-            loop.add_writer(fd, _wake, fut)
+            loop.add_writer(fd, _wake, loop, fd, True, fut)
         else:
-            loop.add_reader(fd, _wake, fut)
+            loop.add_reader(fd, _wake, loop, fd, False, fut)
         try:
             await fut
         finally:
-            if write:
-                loop.remove_writer(fd)
-            else:
-                loop.remove_reader(fd)
+            if fut.cancelled() or not fut.done():  # _wake did not run: still registered
+                if write:
+                    loop.remove_writer(fd)
+                else:
+                    loop.remove_reader(fd)
