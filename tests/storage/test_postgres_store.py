@@ -16,11 +16,12 @@ from loom.errors import (
     DuplicateEnvelopeIdError,
     PayloadError,
     SchemaVersionError,
+    StaleFenceError,
     StorageError,
     StorageWriteError,
 )
 from loom.model import Envelope, EventType
-from loom.storage import Snapshot, Store
+from loom.storage import Snapshot, Store, _postgres_lean
 from loom.storage._blobs import blob_hash
 from loom.storage._postgres_commit import PostgresWriter
 from loom.storage.postgres import SCHEMA_VERSION, PostgresStore
@@ -412,6 +413,44 @@ async def test_a_lost_commit_is_checked_against_the_whole_batch(
         await racer.close()
     stored = await store.read("race", from_sequence=1)
     assert [e.payload["output"] for e in stored] == ["same", "theirs"]
+
+
+async def test_a_lone_write_held_up_by_a_lock_leaves_the_event_loop_running(
+    store: PostgresStore, pg_dsn: str, schema: str
+) -> None:
+    """A lone write waits for its answer without yielding the loop only briefly
+    (``LONE_WAIT``): one held up by another session's row lock yields, so the task that will
+    release that lock still runs (if the wait were unbounded, this would never finish)."""
+    fence = await store.acquire_fence("held-up")
+    await store.append([env("held-up", 0, fence)])
+    await store.append([env("held-up", 1, fence)])  # the plain step's statement is prepared
+    async with await psycopg.AsyncConnection.connect(pg_dsn) as blocker:
+        await blocker.execute(
+            f'SELECT 1 FROM "{schema}".heads WHERE execution_id = %s FOR UPDATE', ("held-up",)
+        )
+        loop = asyncio.get_running_loop()
+        # Nothing else is ready when the write starts: it takes the blocking wait first.
+        write = loop.create_task(store.append([env("held-up", 2, fence)]))
+        await asyncio.sleep(0.2)  # runs only if the write yields the loop
+        assert not write.done()
+        await blocker.rollback()
+        await asyncio.wait_for(write, 10)
+    assert await store.last_sequence("held-up") == 2
+
+
+async def test_lone_writes_awaited_on_the_loop_alone(
+    store: PostgresStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With no blocking wait at all, every answer is awaited on the loop (the path a lone
+    write takes when something else is ready, or its answer is slow)."""
+    monkeypatch.setattr(_postgres_lean, "LONE_WAIT", 0.0)
+    fence = await store.acquire_fence("loop-only")
+    for seq in range(5):
+        await store.append([env("loop-only", seq, fence)])
+    assert await store.last_sequence("loop-only") == 4
+    await store.acquire_fence("loop-only")  # a newer holder: this one's next write is refused
+    with pytest.raises(StaleFenceError):
+        await store.append([env("loop-only", 5, fence)])
 
 
 # ---------------------------------------------------------------- LISTEN / NOTIFY
