@@ -425,11 +425,13 @@ class WorkflowContext:
         task = self._enter()
         pos = self._position
         ops = self._driver.state.ops
+        fresh = False  # known to hold nothing at pos (a new step)
         if type(ops) is LazyOps:
             # A loaded state answers from its snapshot's columns, building no op record.
             recorded = ops.step_output(pos, step.id, _NOT_REPLAYED)
         else:
             op = ops.get(pos)
+            fresh = op is None
             recorded = (
                 op.output
                 if op is not None
@@ -450,7 +452,11 @@ class WorkflowContext:
                     step.output, recorded, self, f"the output of step {step.id!r} at {pos}"
                 )
             return result
-        pos, op = self._take_position(OpKind.STEP, step.id)
+        if fresh and self._cancel_at is None:
+            self._position = pos + 1  # a new step: nothing of _take_position's can apply
+            op = None
+        else:
+            pos, op = self._take_position(OpKind.STEP, step.id)
         attempt = 1
         if op is not None:
             if op.status is OpStatus.COMPLETED:
@@ -466,7 +472,8 @@ class WorkflowContext:
         codec = step.output
         # The step's coroutine is awaited directly unless a subclass changed how it is called.
         direct = step.is_async and type(step).invoke is _STEP_INVOKE
-        simulation = self.simulation
+        forked = driver.state.forked_from
+        simulation = bool(forked and forked.get("simulation"))  # self.simulation, inline
         while True:
             if driver.fenced_out is not None:
                 raise driver.fenced_out  # never run an effect for a holder that lost its fence
