@@ -221,6 +221,9 @@ class WorkflowContext:
         self._cancel_reason = None if request is None else request.get("reason")
         #: Child starts under way (their records are written before any wait or the outcome).
         self._child_starts: list[asyncio.Task[None]] = []
+        #: A new step may take its position inline (see run) unless a subclass watches every
+        #: position through _take_position (the upgrade check stops at the first new one).
+        self._inline_take = type(self)._take_position is WorkflowContext._take_position
 
     @property
     def execution_id(self) -> str:
@@ -452,7 +455,7 @@ class WorkflowContext:
                     step.output, recorded, self, f"the output of step {step.id!r} at {pos}"
                 )
             return result
-        if fresh and self._cancel_at is None:
+        if fresh and self._cancel_at is None and self._inline_take:
             self._position = pos + 1  # a new step: nothing of _take_position's can apply
             op = None
         else:
