@@ -453,6 +453,29 @@ async def test_lone_writes_awaited_on_the_loop_alone(
         await store.append([env("loop-only", 5, fence)])
 
 
+async def test_a_lone_write_with_a_nul_in_text_is_refused_not_cut_short(
+    store: PostgresStore,
+) -> None:
+    """libpq sends a text parameter only up to its first NUL, so a lone write would store a
+    shortened event type (its record then fails its checksum forever). The write is refused
+    with a typed error and nothing is stored; the execution stays readable and writable."""
+    fence = await store.acquire_fence("nul")
+    await store.append([env("nul", 0, fence)])
+    with pytest.raises(StorageError, match="NUL"):
+        await store.append([env("nul", 1, fence, type="custom\x00tail", payload={})])
+    assert [e.sequence for e in await store.read("nul")] == [0]
+    await store.append([env("nul", 1, fence)])
+    assert [e.sequence for e in await store.read("nul")] == [0, 1]
+
+
+def test_lean_values_leave_text_with_a_nul_to_psycopg() -> None:
+    """Text holding a NUL is not encoded by hand (psycopg refuses it); other text is."""
+    sql = "SELECT %s, %s"
+    assert _postgres_lean.lean_values(sql, ("a\x00b", 1)) is None
+    encoded = _postgres_lean.lean_values(sql, ("a\u00e9b", 2**63 - 1))
+    assert encoded is not None and encoded[1] == ["a\u00e9b".encode(), b"9223372036854775807"]
+
+
 # ---------------------------------------------------------------- LISTEN / NOTIFY
 
 

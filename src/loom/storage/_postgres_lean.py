@@ -18,7 +18,8 @@ as before. SQLite's lone write blocks the loop for its whole commit; this is the
 bounded.
 
 Only scalar parameters (``str``, ``int``, ``float``, ``bool``, ``None``) take this path; a
-statement with arrays or bytes goes through psycopg as before. A prepared statement dropped
+statement with arrays or bytes, or text holding a NUL (which libpq would cut short), goes through
+psycopg as before. A prepared statement dropped
 behind our back (a pooler's ``DISCARD ALL``, psycopg's own ``DEALLOCATE ALL`` after a
 ``ROLLBACK`` on the connection) is prepared again and the statement sent again: it never ran.
 """
@@ -123,7 +124,12 @@ def lean_values(
             if not isinstance(value, str):
                 return None  # arrays, bytes, anything else: psycopg adapts them
             encoder = _ENCODERS[str]  # a str subclass (an enum's value)
-        values.append(encoder[0](value))
+        data = encoder[0](value)
+        if encoder[1] == _TEXT and b"\0" in data:
+            # libpq sends a text parameter up to its first NUL: the rest would be dropped
+            # silently. psycopg refuses it (a DataError), as the write did before this path.
+            return None
+        values.append(data)
         types.append(encoder[1])
     return text, values, tuple(types)
 
