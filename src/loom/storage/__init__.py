@@ -19,6 +19,8 @@ from loom.storage._spi import (
     SnapshotStore,
     Store,
     StoredExecution,
+    TakeOver,
+    TakesOverMany,
     Timer,
     TimerStore,
 )
@@ -50,6 +52,8 @@ __all__ = [
     "SnapshotStore",
     "Store",
     "StoredExecution",
+    "TakeOver",
+    "TakesOverMany",
     "TenantScopedEventStore",
     "Timer",
     "TimerStore",

@@ -140,6 +140,16 @@ def check_take_over(envelopes: Sequence[Envelope], from_fence: int) -> tuple[str
     return execution_id, first
 
 
+def check_take_overs(requests: Sequence[tuple[Sequence[Envelope], int]]) -> list[tuple[str, int]]:
+    """Validate a take_over_many call; return (execution_id, first_sequence) per request."""
+    heads = [check_take_over(envelopes, from_fence) for envelopes, from_fence in requests]
+    if any(from_fence < 1 for _, from_fence in requests):
+        raise ValueError("take_over_many() takes over existing executions only (from_fence >= 1)")
+    if len({eid for eid, _ in heads}) != len(heads):
+        raise ValueError("take_over_many() requests must name distinct executions")
+    return heads
+
+
 def take_over_refusal(
     execution_id: str, first: int, from_fence: int, current_fence: int, next_sequence: int
 ) -> LoomError | None:

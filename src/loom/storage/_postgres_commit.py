@@ -43,7 +43,9 @@ from loom.storage._postgres_sql import Conn, Statements
 
 __all__ = ["PostgresWrite", "PostgresWriter", "WriteKind"]
 
-WriteKind = Literal["append", "take_over", "fence", "snapshot", "timer", "blob", "mailbox"]
+WriteKind = Literal[
+    "append", "take_over", "take_over_many", "fence", "snapshot", "timer", "blob", "mailbox"
+]
 
 #: The kinds that write events (and so move the head, notify waiters and prove a batch landed).
 _EVENT_WRITES = ("append", "take_over")
@@ -358,6 +360,10 @@ class PostgresWriter:
         if req.kind == "fence":
             assert row is not None
             req.result = int(row[0])
+            return False
+        if req.kind == "take_over_many":  # the ids whose head moved (see take_over_many)
+            assert row is not None
+            req.result = row[0]
             return False
         if req.kind in ("snapshot", "blob"):
             req.result = row is not None  # a snapshot's row says it was kept

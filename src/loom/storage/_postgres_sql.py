@@ -292,6 +292,56 @@ _MANY_ROWS = """SELECT moved.execution_id, r.seq, r.eid, r.typ, r.payload, r.at,
                        %(payloads)s::text[], %(ats)s::float8[], %(sums)s::text[])
          AS r(seq, eid, typ, payload, at, sum)"""
 
+# Many take-overs of distinct executions in one statement (a timer service firing a claimed
+# batch): the heads are locked in id order (as a group commit orders its requests, so batches
+# never deadlock), each moves as _MOVE_TAKE_OVER moves one, the events of the heads that moved are
+# inserted, and their index rows (a change of status, or none) upserted under the cursor lock
+# (see _INDEX). Returns the ids whose head moved; a request whose head did not wrote nothing.
+_TAKE_OVER_MANY = """
+WITH r AS (
+    SELECT * FROM unnest(%(eids)s::text[], %(froms)s::bigint[], %(firsts)s::bigint[],
+                         %(ends)s::bigint[]) AS r(eid, from_fence, first, stop)
+), locked AS (
+    SELECT h.execution_id FROM {{s}}.heads h JOIN r ON h.execution_id = r.eid
+    ORDER BY h.execution_id FOR UPDATE OF h
+), moved AS (
+    UPDATE {{s}}.heads h SET fence = r.from_fence + 1, next_sequence = r.stop
+    FROM r JOIN locked ON locked.execution_id = r.eid
+    WHERE h.execution_id = r.eid AND h.fence = r.from_fence AND h.next_sequence = r.first
+    AND NOT EXISTS (SELECT 1 FROM {{s}}.events e WHERE e.execution_id = r.eid
+        AND e.sequence = r.first - 1 AND e.type IN ({terminal}))
+    RETURNING h.execution_id
+), ins AS (
+    INSERT INTO {{s}}.events
+        (execution_id, sequence, envelope_id, type, payload, recorded_at, fence, checksum)
+    SELECT v.eid, v.seq, v.id, v.typ, v.payload, v.at, v.fence, v.sum
+    FROM unnest(%(v_eids)s::text[], %(seqs)s::bigint[], %(ids)s::text[], %(types)s::text[],
+                %(payloads)s::text[], %(ats)s::float8[], %(fences)s::bigint[], %(sums)s::text[])
+         AS v(eid, seq, id, typ, payload, at, fence, sum)
+    JOIN moved ON moved.execution_id = v.eid
+), xs AS (
+    SELECT c.* FROM unnest(%(x_eids)s::text[], %(x_status)s::text[], %(x_waiting)s::text[],
+                           %(x_forked)s::text[], %(x_updated)s::float8[])
+         AS c(eid, status, waiting, forked, updated)
+    JOIN moved ON moved.execution_id = c.eid
+), lk AS (
+    SELECT pg_advisory_xact_lock(%(lock)s) WHERE EXISTS (SELECT 1 FROM xs)
+), idx AS (
+    INSERT INTO {{s}}.executions AS x ({columns})
+    SELECT xs.eid, '', '', xs.status, xs.waiting, NULL, xs.forked, xs.updated, xs.updated,
+           nextval('{{s}}.executions_cursor')
+    FROM xs, lk
+    ON CONFLICT (execution_id) DO UPDATE SET {update}
+    RETURNING 1
+)
+SELECT (SELECT coalesce(array_agg(execution_id), '{{{{}}}}') FROM moved), {notify}
+"""
+_NOTIFY_MANY = (
+    "(SELECT count(pg_notify(%(channel)s, CASE WHEN octet_length(m.execution_id) <= "
+    "%(note_max)s THEN m.execution_id ELSE '' END)) FROM moved m) + "
+    "(SELECT count(pg_notify(%(channel)s, %(feed)s)) FROM (SELECT 1 FROM idx LIMIT 1) f)"
+)
+
 _FENCE = (
     "INSERT INTO {s}.heads AS h (execution_id, fence, next_sequence) VALUES (%s, 1, 0) "
     "ON CONFLICT (execution_id) DO UPDATE SET fence = h.fence + 1 RETURNING h.fence"
@@ -408,6 +458,7 @@ class Statements:
     snapshot_load: str
     ids_first: str
     ids_after: str
+    take_over_many: str
     timer_schedule: str
     timer_claim: str
     timer_complete: str
@@ -504,6 +555,12 @@ def statements(schema: str, *, notify: bool) -> Statements:
             f"SELECT execution_id FROM {s}.heads WHERE next_sequence > 0 "
             "AND execution_id > %s ORDER BY execution_id LIMIT %s"
         ),
+        take_over_many=_TAKE_OVER_MANY.format(
+            terminal=TERMINAL_SQL,
+            columns=SUMMARY_COLUMNS,
+            update=_INDEX_CHANGE_SET,
+            notify=_NOTIFY_MANY if notify else "0",
+        ).format(s=s),
         timer_schedule=_TIMER_SCHEDULE.format(s=s),
         timer_claim=_TIMER_CLAIM.format(s=s),
         timer_complete=_TIMER_COMPLETE.format(s=s),

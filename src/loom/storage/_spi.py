@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from loom.errors import LoomError
 from loom.model import Envelope, ExecutionStatus, ExecutionSummary
 
 __all__ = [
@@ -21,6 +22,8 @@ __all__ = [
     "SnapshotStore",
     "Store",
     "StoredExecution",
+    "TakeOver",
+    "TakesOverMany",
     "Timer",
     "TimerStore",
 ]
@@ -190,6 +193,31 @@ class LoadsMany(Protocol):
         is beyond the log (which the caller's validation then refuses). Raises
         ``CorruptEventError`` when any record read fails its checksum or cannot be decoded:
         the caller then loads the executions one at a time.
+        """
+        ...
+
+
+#: One take-over of :meth:`TakesOverMany.take_over_many`: the envelopes (fence ``from_fence +
+#: 1``) and ``from_fence``, as :meth:`EventStore.take_over` takes them.
+TakeOver = tuple[Sequence[Envelope], int]
+
+
+@runtime_checkable
+class TakesOverMany(Protocol):
+    """A store that takes over many executions in one write (optional: a timer service firing
+    a claimed batch uses it; without it each wake takes its execution over alone)."""
+
+    async def take_over_many(self, requests: Sequence[TakeOver]) -> list[LoomError | None]:
+        """Do each request as :meth:`EventStore.take_over` would, all in one transaction (one
+        durable commit) where the store can; return, per request in order, None when it was
+        written or its refusal (``StaleFenceError``, ``DuplicateSequenceError``,
+        ``ExecutionEndedError``, ``DuplicateEnvelopeIdError``, ...), which wrote nothing of
+        it and nothing of the others' outcome depends on.
+
+        The requests name distinct executions and none starts one (``from_fence >= 1``),
+        else ``ValueError`` before anything is written. Raises ``StorageWriteError`` when the
+        write as a whole failed, as :meth:`EventStore.append` describes (nothing written,
+        unless its ``outcome`` says otherwise).
         """
         ...
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from loom import faults
 from loom.errors import (
     DuplicateEnvelopeIdError,
+    LoomError,
     RefNotFoundError,
     StorageWriteError,
 )
@@ -40,6 +41,7 @@ from loom.storage._common import (
     batch_head,
     check_snapshot,
     check_take_over,
+    check_take_overs,
     ended,
     merge_segments,
     refusal_for,
@@ -47,7 +49,14 @@ from loom.storage._common import (
     take_over_refusal,
 )
 from loom.storage._index import FEED_KEY, encode_page_cursor, matches
-from loom.storage._spi import ExecutionPage, ExecutionQuery, Message, Snapshot, Timer
+from loom.storage._spi import (
+    ExecutionPage,
+    ExecutionQuery,
+    Message,
+    Snapshot,
+    TakeOver,
+    Timer,
+)
 
 __all__ = ["InMemoryStore"]
 
@@ -130,6 +139,19 @@ class InMemoryStore:
             changed = self._index(execution_id, envelopes)
         faults.hit("after_append_before_ack")
         self._waiters.notify([execution_id, FEED_KEY] if changed else [execution_id])
+
+    async def take_over_many(self, requests: Sequence[TakeOver]) -> list[LoomError | None]:
+        """See :meth:`loom.storage.TakesOverMany.take_over_many` (each request atomic)."""
+        check_take_overs(requests)
+        outcomes: list[LoomError | None] = []
+        for envelopes, from_fence in requests:
+            try:
+                await self.take_over(envelopes, from_fence=from_fence)
+            except LoomError as refusal:
+                outcomes.append(refusal)
+            else:
+                outcomes.append(None)
+        return outcomes
 
     def _index(self, execution_id: str, envelopes: Sequence[Envelope]) -> bool:
         """Update the summary under the store's lock (one commit order for the cursor)."""

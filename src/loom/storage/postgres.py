@@ -36,6 +36,7 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from loom import faults
 from loom.errors import (
     ConfigurationError,
+    LoomError,
     PayloadError,
     StorageError,
     StorageWriteError,
@@ -57,11 +58,14 @@ from loom.storage._common import (
     check_reserved,
     check_snapshot,
     check_take_over,
+    check_take_overs,
     decode_envelope,
     decode_snapshot,
+    ended,
     merge_segments,
     segment_checksum,
     snapshot_checksum,
+    take_over_refusal,
 )
 from loom.storage._index import (
     FEED_KEY,
@@ -95,6 +99,7 @@ from loom.storage._spi import (
     Message,
     Snapshot,
     StoredExecution,
+    TakeOver,
     Timer,
 )
 
@@ -362,6 +367,115 @@ class PostgresStore(PostgresBranches):
         """
         _, first = check_take_over(envelopes, from_fence)
         await self._write_events("take_over", envelopes, first, from_fence)
+
+    async def take_over_many(self, requests: Sequence[TakeOver]) -> list[LoomError | None]:
+        """See :meth:`loom.storage.TakesOverMany.take_over_many`: one statement (so one
+        transaction, coalesced with whatever else is being written) for every request whose
+        index row changes a status or nothing; any other (rare) is taken over on its own."""
+        self._writable()
+        heads = check_take_overs(requests)
+        outcomes: list[LoomError | None] = [None] * len(requests)
+        batched: list[int] = []
+        alone: list[int] = []
+        changes = []
+        for i, (envelopes, _) in enumerate(requests):
+            _storable(heads[i][0], "execution id")
+            if self._reserved:
+                check_reserved(envelopes, self._reserved)
+            for e in envelopes:
+                _storable(e.envelope_id, "envelope id")
+                _storable(e.payload_json, "payload")
+            change = summary_change(envelopes)
+            if change is not None and (change.started or change.status is None):
+                alone.append(i)
+            else:
+                batched.append(i)
+                changes.append(change)
+        if alone:
+            await asyncio.gather(*(self._take_over_alone(requests[i], outcomes, i) for i in alone))
+        if not batched:
+            return outcomes
+        # In id order: the statement locks the heads in that order (see _TAKE_OVER_MANY).
+        order = sorted(range(len(batched)), key=lambda k: heads[batched[k]][0])
+        batched = [batched[k] for k in order]
+        changes = [changes[k] for k in order]
+        eids = [heads[i][0] for i in batched]
+        firsts = [heads[i][1] for i in batched]
+        froms = [requests[i][1] for i in batched]
+        envs = [e for i in batched for e in requests[i][0]]
+        indexed = [c for c in changes if c is not None]
+        params: dict[str, Any] = {
+            "eids": eids,
+            "froms": froms,
+            "firsts": firsts,
+            "ends": [firsts[k] + len(requests[i][0]) for k, i in enumerate(batched)],
+            "v_eids": [e.execution_id for e in envs],
+            "seqs": [e.sequence for e in envs],
+            "ids": [
+                "" if e.envelope_id == f"{e.execution_id}#{e.sequence}.{e.fence}" else e.envelope_id
+                for e in envs
+            ],
+            "types": [str(e.type) for e in envs],
+            "payloads": [e.payload_json for e in envs],
+            "ats": [e.recorded_at for e in envs],
+            "fences": [e.fence for e in envs],
+            "sums": [e.checksum() for e in envs],
+            "x_eids": [c.execution_id for c in indexed],
+            "x_status": [c.status.value if c.status is not None else None for c in indexed],
+            "x_waiting": [c.waiting_for for c in indexed],
+            "x_forked": [c.forked_from for c in indexed],
+            "x_updated": [c.updated_at for c in indexed],
+            "lock": self._cursor_lock,
+            "channel": self._channel,
+            "feed": FEED_KEY,
+            "note_max": MAX_NOTE_BYTES,
+        }
+        req = PostgresWrite(
+            kind="take_over_many",
+            execution_id=eids[0],
+            sql=self._sql.take_over_many,
+            params=params,
+        )
+        moved = set(await self._submit(req))
+        if moved:
+            self._waiters.notify(sorted(moved))
+        refused = [i for i in batched if heads[i][0] not in moved]
+        if refused:
+            await self._name_refusals(requests, heads, refused, outcomes)
+        return outcomes
+
+    async def _take_over_alone(
+        self, request: TakeOver, outcomes: list[LoomError | None], i: int
+    ) -> None:
+        try:
+            await self.take_over(request[0], from_fence=request[1])
+        except LoomError as refusal:
+            outcomes[i] = refusal
+
+    async def _name_refusals(
+        self,
+        requests: Sequence[TakeOver],
+        heads: list[tuple[str, int]],
+        refused: list[int],
+        outcomes: list[LoomError | None],
+    ) -> None:
+        """Why each of ``refused`` (whose head did not move, so nothing of it was written)
+        was refused, read after the fact: a head only moves forward, so what stopped it then
+        still shows."""
+        for i in refused:
+            eid, first = heads[i]
+            rows = await self._fetch(self._sql.head, (eid,))
+            current_fence, next_sequence = rows[0] if rows else (0, 0)
+            refusal = take_over_refusal(eid, first, requests[i][1], current_fence, next_sequence)
+            if refusal is None:
+                last = await self._fetch(self._sql.ended, (eid, first - 1))
+                if last:
+                    refusal = ended(eid, str(last[0][0]))
+                else:
+                    refusal = StorageWriteError(
+                        f"take-over of {eid!r} at {first} was not written", execution_id=eid
+                    )
+            outcomes[i] = refusal
 
     async def append_with_blobs(
         self, envelopes: Sequence[Envelope], blobs: Mapping[str, bytes], *, namespace: str = ""

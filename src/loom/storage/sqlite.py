@@ -65,6 +65,7 @@ from loom.storage._common import (
     check_reserved,
     check_snapshot,
     check_take_over,
+    check_take_overs,
     decode_envelope,
     decode_snapshot,
     ended,
@@ -79,7 +80,7 @@ from loom.storage._index import (
 )
 from loom.storage._loads import add_beyond, assemble, chunks, sqlite_load_many
 from loom.storage._schema import SCHEMA_VERSION
-from loom.storage._spi import Snapshot, StoredExecution
+from loom.storage._spi import Snapshot, StoredExecution, TakeOver
 from loom.storage._sqlite_branches import SQLiteBranches
 from loom.storage._sqlite_index import SQLiteIndexReads
 from loom.storage._sqlite_schema import check_readable, load_reserved, migrate
@@ -725,6 +726,44 @@ class SQLiteStore(SQLiteBranches, SQLiteIndexReads, SQLiteSideTables):
 
     async def take_over(self, envelopes: Sequence[Envelope], *, from_fence: int) -> None:
         execution_id, first = check_take_over(envelopes, from_fence)
+        apply, feed = self._take_over_write(envelopes, from_fence, execution_id, first)
+        await self._submit(apply, execution_id, feed=feed)
+
+    async def take_over_many(self, requests: Sequence[TakeOver]) -> list[LoomError | None]:
+        """See :meth:`loom.storage.TakesOverMany.take_over_many`: one transaction. Each
+        request's statements either all apply or undo themselves before its refusal is raised
+        (as in a coalesced batch), so one refusal needs no SAVEPOINT and fails only itself."""
+        heads = check_take_overs(requests)
+        writes = [
+            self._take_over_write(envelopes, from_fence, eid, first)
+            for (envelopes, from_fence), (eid, first) in zip(requests, heads, strict=True)
+        ]
+
+        def apply(conn: sqlite3.Connection) -> list[LoomError | None]:
+            outcomes: list[LoomError | None] = []
+            for one, _ in writes:
+                try:
+                    one(conn)
+                except LoomError as refusal:
+                    outcomes.append(refusal)
+                else:
+                    outcomes.append(None)
+            return outcomes
+
+        outcomes: list[LoomError | None] = await self._submit(apply, None)
+        keys = [eid for (eid, _), refusal in zip(heads, outcomes, strict=True) if refusal is None]
+        if keys and self._waiters._by_execution:
+            if any(
+                feed for (_, feed), refusal in zip(writes, outcomes, strict=True) if not refusal
+            ):
+                keys.append(FEED_KEY)
+            self._waiters.notify(keys)
+        return outcomes
+
+    def _take_over_write(
+        self, envelopes: Sequence[Envelope], from_fence: int, execution_id: str, first: int
+    ) -> tuple[Callable[[sqlite3.Connection], None], bool]:
+        """The take-over as a write for the writer: (apply, feeds the index)."""
         if self._reserved:
             check_reserved(envelopes, self._reserved)
         rows = [event_row(e) for e in envelopes]
@@ -766,7 +805,7 @@ class SQLiteStore(SQLiteBranches, SQLiteIndexReads, SQLiteSideTables):
             if change is not None:
                 write_index(conn, change)
 
-        await self._submit(apply, execution_id, feed=change is not None)
+        return apply, change is not None
 
     async def read(
         self, execution_id: str, *, from_sequence: int = 0, limit: int | None = None

@@ -52,6 +52,7 @@ from loom.storage._branches import (
     check_target,
     lineage,
 )
+from loom.storage._common import check_take_overs
 from loom.storage._index import decode_page_cursor, encode_page_cursor
 from loom.storage._spi import (
     EventStore,
@@ -66,6 +67,8 @@ from loom.storage._spi import (
     SnapshotSegments,
     SnapshotStore,
     StoredExecution,
+    TakeOver,
+    TakesOverMany,
     Timer,
     TimerStore,
 )
@@ -219,6 +222,26 @@ class TenantScopedEventStore:
                 [self._scope_envelope(e) for e in envelopes], from_fence=from_fence
             )
         )
+
+    async def take_over_many(self, requests: Sequence[TakeOver]) -> list[LoomError | None]:
+        """See :meth:`loom.storage.TakesOverMany.take_over_many`: one write of the physical
+        store where it takes over many too, else one take-over at a time; refusals name the
+        unscoped ids."""
+        self._check_open()
+        check_take_overs(requests)
+        outcomes: list[LoomError | None] = []
+        if not isinstance(self.store, TakesOverMany):
+            for envelopes, from_fence in requests:
+                try:
+                    await self.take_over(envelopes, from_fence=from_fence)
+                except LoomError as refusal:
+                    outcomes.append(refusal)
+                else:
+                    outcomes.append(None)
+            return outcomes
+        scoped = [([self._scope_envelope(e) for e in envs], fence) for envs, fence in requests]
+        found = await self._call(self.store.take_over_many(scoped))
+        return [None if err is None else self._tenant_error(err) for err in found]
 
     async def read(
         self, execution_id: str, *, from_sequence: int = 0, limit: int | None = None

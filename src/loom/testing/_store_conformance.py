@@ -26,7 +26,15 @@ from loom.errors import (
     StorageWriteError,
 )
 from loom.model import Envelope, EventType
-from loom.storage import LoadsMany, MailboxStore, Message, Snapshot, SnapshotSegments, Store
+from loom.storage import (
+    LoadsMany,
+    MailboxStore,
+    Message,
+    Snapshot,
+    SnapshotSegments,
+    Store,
+    TakesOverMany,
+)
 
 __all__ = ["STORE_CHECKS", "StoreFactory", "run_event_store_conformance", "run_store_check"]
 
@@ -319,6 +327,51 @@ async def check_snapshot_segments(store: Store, reopen: Reopen | None) -> None:
             await again.close()
         got = await store.load_snapshot("seg")
         assert got is not None and got.sequence == 9 and got.state["n"] == 9, got
+
+
+@_check
+async def check_take_over_many(store: Store, reopen: Reopen | None) -> None:
+    """TakesOverMany (optional): each request is taken over or refused as ``take_over`` would
+    do it alone; a refused one writes nothing, and the others are written all the same."""
+    if not isinstance(store, TakesOverMany):
+        return
+    ids = [f"tm-{i:03d}" for i in range(300)]
+    for start in range(0, len(ids), 100):
+        await asyncio.gather(*(_start(store, eid, 2) for eid in ids[start : start + 100]))
+    suspended = {"position": 1, "event_type": "loom.timer", "timeout_at": None, "timer": True}
+    await store.append([env("tm-000", 2, 1, EventType.EXECUTION_SUSPENDED, suspended)])
+    await store.append([env("tm-001", 2, 1, EventType.EXECUTION_COMPLETED, {"output": None})])
+    await store.acquire_fence("tm-002")  # fence 2: a take-over from 1 is stale
+    fired = {"position": 1, "timed_out": False}
+
+    def request(eid: str, first: int) -> tuple[list[Envelope], int]:
+        return [env(eid, first, 2, EventType.TIMER_FIRED, fired), env(eid, first + 1, 2)], 1
+
+    requests = [request("tm-000", 3), request("tm-001", 3), request("tm-002", 2)]
+    requests += [request("tm-003", 5)]  # not the next sequence
+    requests += [request(eid, 2) for eid in ids[4:]]
+    outcomes = await store.take_over_many(requests)
+    assert len(outcomes) == len(requests)
+    assert outcomes[0] is None, outcomes[0]
+    assert isinstance(outcomes[1], ExecutionEndedError), outcomes[1]
+    assert isinstance(outcomes[2], StaleFenceError), outcomes[2]
+    assert isinstance(outcomes[3], DuplicateSequenceError), outcomes[3]
+    assert all(o is None for o in outcomes[4:]), [o for o in outcomes if o is not None][:3]
+    for (envelopes, _), outcome in zip(requests, outcomes, strict=True):
+        eid = envelopes[0].execution_id
+        stored = await store.read(eid)
+        if outcome is None:
+            assert _same_events(stored[-2:], envelopes), eid
+            assert await store.current_fence(eid) == 2, eid
+        else:
+            assert len(stored) == (3 if eid in ("tm-000", "tm-001") else 2), (eid, stored)
+            assert all(e.type is not EventType.TIMER_FIRED for e in stored), eid
+    # Taken over: the old holder is fenced out, and a second take-over from 1 is refused.
+    await _expect(StaleFenceError, store.append([env("tm-010", 4, 1)]))
+    again = await store.take_over_many([request("tm-010", 4)])
+    assert isinstance(again[0], StaleFenceError), again
+    await _expect(ValueError, store.take_over_many([request("tm-020", 4)] * 2))
+    await _expect(ValueError, store.take_over_many([([env("tm-new", 0, 1)], 0)]))
 
 
 def _same_events(got: list[Envelope], want: list[Envelope]) -> bool:
