@@ -25,8 +25,9 @@ from loom.errors import (
     StartFencedOutError,
     StorageWriteError,
 )
-from loom.model import Envelope, EventType
+from loom.model import Envelope, EventType, ExecutionStatus
 from loom.storage import (
+    ExecutionIndex,
     LoadsMany,
     MailboxStore,
     Message,
@@ -366,6 +367,11 @@ async def check_take_over_many(store: Store, reopen: Reopen | None) -> None:
         else:
             assert len(stored) == (3 if eid in ("tm-000", "tm-001") else 2), (eid, stored)
             assert all(e.type is not EventType.TIMER_FIRED for e in stored), eid
+    if isinstance(store, ExecutionIndex):  # the index follows: running again, changed after
+        before = await store.get_summary("tm-002")
+        after = await store.get_summary("tm-005")
+        assert after is not None and after.status is ExecutionStatus.RUNNING, after
+        assert before is not None and after.cursor > before.cursor, (before, after)
     # Taken over: the old holder is fenced out, and a second take-over from 1 is refused.
     await _expect(StaleFenceError, store.append([env("tm-010", 4, 1)]))
     again = await store.take_over_many([request("tm-010", 4)])
