@@ -349,6 +349,20 @@ class Driver:
             )
             self._applied(envelopes)
 
+    def take_over_envelopes(
+        self, events: Sequence[EventPayload], *, from_fence: int
+    ) -> list[Envelope]:
+        """What :meth:`take_over` writes, for a caller that writes it with others' take-overs
+        (``TakesOverMany``) and then calls :meth:`taken_over`. Not yet the holder: the fence
+        changes here, and nothing else until then."""
+        self.fence = from_fence + 1
+        # Random ids, as take_over's (see there).
+        return [dataclasses.replace(e, envelope_id=new_envelope_id()) for e in self.build(events)]
+
+    def taken_over(self, envelopes: list[Envelope]) -> None:
+        """The take-over built by :meth:`take_over_envelopes` is durable: fold it in."""
+        self._applied(envelopes)
+
     def _applied(self, envelopes: list[Envelope]) -> None:
         for env in envelopes:
             apply_event(self.state, env)
