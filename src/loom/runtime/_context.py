@@ -49,7 +49,7 @@ from loom.runtime import _children
 from loom.runtime._cancel import cancel_request
 from loom.runtime._children import ChildHandle
 from loom.runtime._clock import Clock
-from loom.runtime._driver import Driver
+from loom.runtime._driver import Driver, LeavesReplay
 from loom.runtime._intercept import StepCall
 from loom.runtime._sdk import (
     Flow,
@@ -108,6 +108,11 @@ class SuspendExecution(BaseException):
     This is Loom's internal control flow. Do not catch it: a bare ``except:`` or
     ``except BaseException:`` in a flow must re-raise it, or the execution cannot suspend.
     """
+
+
+#: What a record must be for its operation to be a pure replay (returns or raises what it
+#: recorded, runs nothing): a finished step or decision, a resolved wait.
+_SETTLED = frozenset({OpStatus.COMPLETED, OpStatus.FAILED, OpStatus.RESOLVED})
 
 
 def error_record(exc: BaseException) -> dict[str, Any]:
@@ -351,6 +356,12 @@ class WorkflowContext:
                 recorded=f"{op.kind}:{op.name}",
                 requested=f"{kind}:{name}",
             )
+        deferred = self._driver.deferred
+        if deferred is not None and (op is None or op.status not in _SETTLED):
+            # Its take-over is not written yet: nothing but a replay of settled records may
+            # run (see DeferredTakeOver). The run stops, and runs again once it is written.
+            deferred.aborted = True
+            raise LeavesReplay
         return pos, op
 
     def _enter(self) -> asyncio.Task[Any] | None:

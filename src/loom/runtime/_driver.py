@@ -46,7 +46,7 @@ from loom.storage import (
 if TYPE_CHECKING:
     from loom.runtime._runtime import WorkflowRuntime
 
-__all__ = ["Driver", "StopAtBoundary"]
+__all__ = ["DeferredTakeOver", "Driver", "LeavesReplay", "StopAtBoundary"]
 
 
 async def _store_call(write: Awaitable[None], execution_id: str) -> None:
@@ -79,6 +79,31 @@ class StopAtBoundary(BaseException):
     """Raised right after a durable append once the runtime asked the driver to stop there
     (``WorkflowRuntime.close(drain=...)`` past its deadline). Internal control flow: do not
     catch it with a bare ``except:``; the execution stays resumable from that append."""
+
+
+class LeavesReplay(BaseException):
+    """Raised in a flow whose take-over is still deferred (:class:`DeferredTakeOver`) when it
+    reaches an operation that is not a replay of a settled record: the run stops there, the
+    take-over is written alone, and the flow runs again from the durable state. Internal
+    control flow: nothing new (no step, wait, decision, child) ever runs while deferred."""
+
+
+@dataclasses.dataclass(slots=True, eq=False)
+class DeferredTakeOver:
+    """A take-over (a timer wake's TIMER_FIRED under the next fence) folded into the driver's
+    state but not yet written: it is written with the flow's first append (its outcome, when
+    the flow only replays to its end), or alone before anything else the flow does.
+
+    ``write(envelopes, from_fence)`` writes the take-over (these envelopes and whatever
+    follows) and raises its refusal; ``left_replay`` is told when the run had to stop.
+    """
+
+    envelopes: list[Envelope]
+    from_fence: int
+    write: Callable[[list[Envelope], int], Awaitable[None]]
+    left_replay: Callable[[], None] | None = None
+    #: The run reached an operation that is not a pure replay: nothing more is written in it.
+    aborted: bool = False
 
 
 def _retrieve(fut: asyncio.Future[None]) -> None:
@@ -185,6 +210,8 @@ class Driver:
         self.cancel_requested = False
         #: The runtime driving this execution (children are started through it).
         self.runtime: WorkflowRuntime | None = None
+        #: A take-over folded into ``state`` but not written yet (a timer batch's wake).
+        self.deferred: DeferredTakeOver | None = None
         is_mailbox, is_blob_store, appends_with_blobs = _capabilities(store)
         #: Where early messages wait (None: the store keeps no mailbox).
         self.mailbox = cast("MailboxStore", store) if is_mailbox else None
@@ -248,7 +275,9 @@ class Driver:
                     execution_id=state.execution_id,
                     status=state.status.value,
                 )
-            if self.pending_records or self.pending_ui or self.pending_blobs:
+            if self.deferred is not None:
+                envelopes = await self._append_deferred(self.deferred, events)
+            elif self.pending_records or self.pending_ui or self.pending_blobs:
                 envelopes = await self._append_pending(events)
             else:
                 # Nothing buffered (a plain step): nothing to merge, nor to put back on failure.
@@ -271,6 +300,47 @@ class Driver:
             turns.give()
         if self.stop_at_boundary:
             raise StopAtBoundary
+
+    async def _append_deferred(
+        self, deferred: DeferredTakeOver, events: Sequence[EventPayload]
+    ) -> list[Envelope]:
+        """The first append after a deferred take-over: written with it, in one write."""
+        if deferred.aborted:
+            raise LeavesReplay  # the run is stopping: it writes nothing more
+        if self.pending_records or self.pending_ui or self.pending_blobs:
+            await self.flush_deferred()
+            return await self._append_pending(events)
+        # Random ids, as every take-over's (see take_over).
+        envelopes = [
+            dataclasses.replace(e, envelope_id=new_envelope_id()) for e in self.build(events)
+        ]
+        await self._write_deferred(deferred, [*deferred.envelopes, *envelopes])
+        return envelopes
+
+    async def flush_deferred(self) -> None:
+        """Write the deferred take-over alone (if there is one) before anything else runs."""
+        deferred = self.deferred
+        if deferred is not None:
+            await self._write_deferred(deferred, deferred.envelopes)
+
+    async def _write_deferred(self, deferred: DeferredTakeOver, envelopes: list[Envelope]) -> None:
+        self.deferred = None  # written once, whatever comes of it
+        try:
+            await deferred.write(envelopes, deferred.from_fence)
+        except BaseException as exc:
+            # Refused (another holder moved first) or not known to be written: this holder
+            # never became one, so it must not go on; every later write or effect stops here.
+            eid = self.state.execution_id
+            lost = StaleFenceError(
+                f"execution {eid!r}: the take-over of its timer wake was not written ({exc!r})",
+                execution_id=eid,
+                fence=self.fence,
+            )
+            lost.__cause__ = exc
+            self.fenced_out = lost
+            if isinstance(exc, Exception):
+                raise lost from exc
+            raise
 
     async def _append_pending(self, events: Sequence[EventPayload]) -> list[Envelope]:
         """Write ``events`` after the buffered records, UI patches and blobs; on failure put
@@ -387,8 +457,8 @@ class Driver:
         """
         state = self.state
         seq = state.last_sequence
-        if seq <= self.last_snapshot:
-            return
+        if seq <= self.last_snapshot or self.deferred is not None:
+            return  # (never a snapshot beyond what is written)
         prev = self._snap_marks
         ops = state.ops
         loaded = self._loaded

@@ -28,7 +28,7 @@ from loom.model import (
 from loom.runtime import _children
 from loom.runtime._cancel import cancel_request
 from loom.runtime._context import SuspendExecution, WorkflowContext, error_record, replayed_value
-from loom.runtime._driver import Driver, StopAtBoundary
+from loom.runtime._driver import Driver, LeavesReplay, StopAtBoundary
 from loom.runtime._fence import Lease, superseded
 from loom.runtime._handle import ExecutionHandle
 from loom.runtime._sdk import Flow, _current_flow
@@ -170,7 +170,10 @@ async def _drive(runtime: WorkflowRuntime, driver: Driver, flow: Flow[Any, Any])
     try:
         if runtime.heartbeat is not None:
             await runtime.heartbeat.begin(driver)
-        outcome = await _run_flow(driver, flow)
+        if driver.deferred is None:
+            outcome = await _run_flow(driver, flow)
+        else:
+            outcome = await _run_deferred(driver, flow)
         if isinstance(outcome, ExecutionFailed):
             err = outcome.error or {}
             log.error(
@@ -222,6 +225,37 @@ async def _drive(runtime: WorkflowRuntime, driver: Driver, flow: Flow[Any, Any])
             await runtime.heartbeat.end(driver, release=current)
 
 
+async def _run_deferred(
+    driver: Driver, flow: Flow[Any, Any]
+) -> ExecutionCompleted | ExecutionFailed | ExecutionCancelled | None:
+    """Run the flow of a driver whose take-over is deferred (see ``DeferredTakeOver``): a
+    flow that only replays to its end gets its outcome written with the take-over (by
+    ``_drive``); one that reaches anything else stops there, and runs again once the
+    take-over is written alone."""
+    deferred = driver.deferred
+    assert deferred is not None
+    try:
+        outcome = await _run_flow(driver, flow)
+    except LeavesReplay:
+        outcome = None
+    except asyncio.CancelledError:
+        raise
+    except BaseException:
+        await driver.flush_deferred()  # the take-over stands, as a lone wake's would
+        raise
+    if not deferred.aborted:
+        if outcome is None:
+            await driver.flush_deferred()  # (a run that suspends appended already)
+        return outcome
+    # Even if the flow caught LeavesReplay itself: what it did after that is discarded (it
+    # wrote nothing, see Driver._append_deferred) and the run starts over.
+    if deferred.left_replay is not None:
+        deferred.left_replay()
+    await driver.flush_deferred()
+    driver.pending_records, driver.pending_ui, driver.pending_blobs = [], [], {}
+    return await _run_flow(driver, flow)
+
+
 async def _run_flow(
     driver: Driver, flow: Flow[Any, Any]
 ) -> ExecutionCompleted | ExecutionFailed | ExecutionCancelled | None:
@@ -233,7 +267,13 @@ async def _run_flow(
     ctx = WorkflowContext(driver, flow)
     token = _current_flow.set(ctx)
     try:
-        outcome = await _run_body(ctx, driver, flow)
+        try:
+            outcome = await _run_body(ctx, driver, flow)
+        except LeavesReplay:
+            # The flow's own concurrent tasks stop too before it runs again: none of them
+            # may go on with this run.
+            await ctx.stop_stragglers()
+            raise
         if outcome is not None:
             # Children started and never awaited are recorded before the outcome. A start
             # that failed then changes nothing: the outcome stands, that child was not

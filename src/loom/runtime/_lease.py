@@ -64,8 +64,10 @@ class Heartbeat:
 
     async def _renew(self, driver: Driver) -> None:
         live = driver.state.status in (ExecutionStatus.RUNNING, ExecutionStatus.PENDING)
-        if driver.fenced_out is not None or not live:
-            return  # a zombie or a settled driver must not look alive
+        if driver.fenced_out is not None or driver.deferred is not None or not live:
+            # A zombie or a settled driver must not look alive, nor one whose take-over is
+            # not written yet (see DeferredTakeOver): it is not the holder until then.
+            return
         try:
             self._leased.add(driver)
             await self.store.renew_lease(
