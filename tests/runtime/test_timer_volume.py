@@ -220,10 +220,11 @@ async def test_a_batch_read_before_half_its_waits_ended_elsewhere_fires_each_onc
     backend: Backend,
 ) -> None:
     # The runtime's service reads a claimed batch's states at once (where the store
-    # LoadsMany) before waking it. Here another runtime ends half of those waits in between:
-    # a state read with the batch may only lead to a take-over, which then loses (the fence
-    # moved), and the wake decides again on a fresh read. Each wait ends once, and only the
-    # half whose batch-read state was still current is woken without another read.
+    # LoadsMany) before taking them over (in one write, where it TakesOverMany). Here another
+    # runtime ends half of those waits in between: a state read with the batch may only lead
+    # to a take-over, which then loses (the fence moved), and the wake decides again on a
+    # fresh read. Each wait ends once, and only the half whose batch-read state was still
+    # current is woken without another read.
     clock = SetClock(T0 - 5)
     store = backend.store()
     rt = loom.WorkflowRuntime(store, clock=clock, timers=False)
@@ -234,12 +235,30 @@ async def test_a_batch_read_before_half_its_waits_ended_elsewhere_fires_each_onc
     other.register(nap)
     ended_elsewhere: list[str] = []
 
-    async def read_then_interfere(due: Sequence[Timer]) -> None:
-        await rt._prepare_wakes(due)  # the batch's states are read now...
-        for timer in due[::2]:  # ...and then half of its waits end in another runtime
+    batch: list[Timer] = []
+
+    async def interfere() -> None:
+        for timer in batch[::2]:  # half of the batch's waits end in another runtime
             outcome, _ = await other.fire_timer(timer.execution_id, timer.position)
             assert outcome is WakeOutcome.FIRED
             ended_elsewhere.append(timer.execution_id)
+
+    if isinstance(store, LoadsMany):
+        read_many = store.load_many
+
+        async def read_then_interfere(ids: Sequence[str]) -> Any:
+            read = await read_many(ids)  # the batch's states are read now...
+            await interfere()  # ...and half of them move before the batch's take-over
+            return read
+
+        store.load_many = read_then_interfere  # type: ignore[method-assign]
+
+    async def prepare(due: Sequence[Timer]) -> Any:
+        batch[:] = due
+        decided = await rt._prepare_wakes(due)
+        if not isinstance(store, LoadsMany):
+            await interfere()  # nothing read with the batch: every wake reads its own
+        return decided
 
     loads: list[str] = []
     load = rt._load
@@ -256,7 +275,7 @@ async def test_a_batch_read_before_half_its_waits_ended_elsewhere_fires_each_onc
         clock=clock,
         batch=40,
         concurrency=8,
-        prepare=read_then_interfere,
+        prepare=prepare,
     )
     assert await service.run_due() == len(plan)
     await until(lambda: _all_done(store, len(plan)), "all completed", timeout=60)

@@ -212,6 +212,8 @@ class Driver:
         self.runtime: WorkflowRuntime | None = None
         #: A take-over folded into ``state`` but not written yet (a timer batch's wake).
         self.deferred: DeferredTakeOver | None = None
+        #: That take-over was refused (or not known to be written): this driver never held it.
+        self.lost_take_over = False
         is_mailbox, is_blob_store, appends_with_blobs = _capabilities(store)
         #: Where early messages wait (None: the store keeps no mailbox).
         self.mailbox = cast("MailboxStore", store) if is_mailbox else None
@@ -310,10 +312,7 @@ class Driver:
         if self.pending_records or self.pending_ui or self.pending_blobs:
             await self.flush_deferred()
             return await self._append_pending(events)
-        # Random ids, as every take-over's (see take_over).
-        envelopes = [
-            dataclasses.replace(e, envelope_id=new_envelope_id()) for e in self.build(events)
-        ]
+        envelopes = self._build_random(events)
         await self._write_deferred(deferred, [*deferred.envelopes, *envelopes])
         return envelopes
 
@@ -338,6 +337,7 @@ class Driver:
             )
             lost.__cause__ = exc
             self.fenced_out = lost
+            self.lost_take_over = True
             if isinstance(exc, Exception):
                 raise lost from exc
             raise
@@ -426,8 +426,26 @@ class Driver:
         (``TakesOverMany``) and then calls :meth:`taken_over`. Not yet the holder: the fence
         changes here, and nothing else until then."""
         self.fence = from_fence + 1
-        # Random ids, as take_over's (see there).
-        return [dataclasses.replace(e, envelope_id=new_envelope_id()) for e in self.build(events)]
+        return self._build_random(events)
+
+    def _build_random(self, events: Sequence[EventPayload]) -> list[Envelope]:
+        """:meth:`build` with random envelope ids, as every take-over's (see take_over)."""
+        now = self.clock.now()
+        base = self.state.last_sequence + 1
+        eid = self.state.execution_id
+        fence, limits = self.fence, self.limits
+        return [
+            Envelope.of(
+                eid,
+                base + i,
+                e,
+                fence=fence,
+                recorded_at=now,
+                envelope_id=new_envelope_id(),
+                limits=limits,
+            )
+            for i, e in enumerate(events)
+        ]
 
     def taken_over(self, envelopes: list[Envelope]) -> None:
         """The take-over built by :meth:`take_over_envelopes` is durable: fold it in."""

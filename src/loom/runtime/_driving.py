@@ -193,7 +193,11 @@ async def _drive(runtime: WorkflowRuntime, driver: Driver, flow: Flow[Any, Any])
                 await driver.append([ExecutionFailed(error_record(exc))])
             await _children.notify_parent(runtime, driver.state)
     except StaleFenceError as exc:
-        driver.error = await _fenced_out_error(runtime, driver, exc)
+        if driver.lost_take_over:
+            # It never held the execution (its deferred take-over lost): nothing to find out.
+            driver.error = superseded(eid, exc)
+        else:
+            driver.error = await _fenced_out_error(runtime, driver, exc)
     except StopAtBoundary:
         # A draining close stopped it right after a durable append: resumable from there.
         if driver.state.status is ExecutionStatus.RUNNING:

@@ -618,8 +618,8 @@ class WorkflowRuntime:
     async def _wake_locally(self, timer: Timer) -> WakeOutcome:
         return await _timer_wake.wake_locally(self, timer)
 
-    async def _prepare_wakes(self, timers: Sequence[Timer]) -> None:
-        await _timer_wake.prepare_wakes(self, timers)
+    async def _prepare_wakes(self, timers: Sequence[Timer]) -> dict[tuple[str, int], WakeOutcome]:
+        return await _timer_wake.prepare_wakes(self, timers)
 
     async def fire_timer(
         self, execution_id: str, position: int, *, holder: Lease | None = None

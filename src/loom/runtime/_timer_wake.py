@@ -96,7 +96,9 @@ async def wake_locally(runtime: WorkflowRuntime, timer: Timer) -> WakeOutcome:
     return outcome
 
 
-async def prepare_wakes(runtime: WorkflowRuntime, timers: Sequence[Timer]) -> None:
+async def prepare_wakes(
+    runtime: WorkflowRuntime, timers: Sequence[Timer]
+) -> dict[tuple[str, int], WakeOutcome]:
     """Read the states of a claimed batch's executions at once (one query where the store
     :class:`LoadsMany`), and take over every execution whose wait they show due in one write
     (where the store :class:`TakesOverMany`), for the batch's wakes (run in this context).
@@ -111,13 +113,21 @@ async def prepare_wakes(runtime: WorkflowRuntime, timers: Sequence[Timer]) -> No
     take-over, and one that gets to anything else (a step, a wait, a decision, a child)
     stops there until its take-over is written, then runs again from the durable state
     (see ``DeferredTakeOver``). Nothing new ever runs before its take-over is durable.
+    Returns the wakes that are over already (those fired here), which get no wake task.
     """
     states: dict[str, Loaded | _Taken] = {}
     states.update(await load_states(runtime, [t.execution_id for t in timers if t.position >= 0]))
     _BATCH.set(states)
     store = runtime.store
+    decided: dict[tuple[str, int], WakeOutcome] = {}
     if states and isinstance(store, TakesOverMany):
         await _take_over_batch(runtime, store, timers, states)
+        for eid, entry in list(states.items()):
+            if isinstance(entry, _Taken) and entry.launched:
+                del states[eid]
+                _log_fired(eid, entry.woke, entry.position, entry.flow)
+                decided[eid, entry.position] = WakeOutcome.FIRED
+    return decided
 
 
 class _TakeOvers:

@@ -8,7 +8,7 @@ import enum
 import logging
 import os
 import uuid
-from collections.abc import Awaitable, Callable, Collection, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Collection, Coroutine, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -27,8 +27,11 @@ class WakeOutcome(enum.Enum):
 
 
 Wake = Callable[[Timer], Awaitable[WakeOutcome]]
-#: Called with a claimed batch before its wakes, in the context they run in (see TimerService).
-Prepare = Callable[[Sequence[Timer]], Coroutine[Any, Any, None]]
+#: Called with a claimed batch before its wakes, in the context they run in (see TimerService);
+#: returns the outcomes it decided already, by (execution id, position), or None.
+Prepare = Callable[
+    [Sequence[Timer]], Coroutine[Any, Any, Mapping[tuple[str, int], WakeOutcome] | None]
+]
 
 
 class TimerService:
@@ -42,7 +45,8 @@ class TimerService:
     ``prepare``, when given, is called with each claimed batch before its wakes start, in a
     context (``contextvars``) of the batch's own that its wakes then run in: what it sets
     there each wake of the batch sees (the runtime's reads every state of the batch in one
-    query). If it raises, the wakes run all the same.
+    query). It may return outcomes it decided itself (a timer it fired, say, or found
+    stale): those timers get no wake of their own. If it raises, the wakes run all the same.
     """
 
     def __init__(
@@ -96,47 +100,57 @@ class TimerService:
                     exc,
                 )
                 return
-            key = (timer.execution_id, timer.position)
-            if outcome is WakeOutcome.EARLY:
-                # Not due by the waker's clock, or the wait is not logged yet (its timer is
-                # stored first): hand the timer back for a later try instead of deleting it
-                # or sitting on the claim for a whole lease.
-                now = self.clock.now()
-                delay = self.early_retry
-                if timer.fire_at <= now:
-                    # Due by our clock, yet nothing waits in the log: usually the holder died
-                    # between storing the timer and logging the wait, and only recovery (which
-                    # re-runs the flow up to the wait) can settle it. Back off exponentially
-                    # instead of polling it every early_retry seconds forever.
-                    tries = self._early.get(key, 0)
-                    self._early[key] = tries + 1
-                    delay = min(self.early_retry * 2 ** min(tries, 32), self.max_early_backoff)
-                try:
-                    await self.store.schedule_timer(
-                        replace(timer, fire_at=max(timer.fire_at, now + delay))
-                    )
-                except Exception as exc:
-                    log.warning(
-                        "handing back %s@%d failed; retried after the lease: %r",
-                        timer.execution_id,
-                        timer.position,
-                        exc,
-                    )
-                return
-            self._early.pop(key, None)
-            if outcome is WakeOutcome.FIRED:
-                self.fired.append(timer)
+            await self._woken(timer, outcome)
+
+    async def _woken(self, timer: Timer, outcome: WakeOutcome) -> None:
+        """Settle ``timer`` by its wake's ``outcome``."""
+        key = (timer.execution_id, timer.position)
+        if outcome is WakeOutcome.EARLY:
+            # Not due by the waker's clock, or the wait is not logged yet (its timer is
+            # stored first): hand the timer back for a later try instead of deleting it
+            # or sitting on the claim for a whole lease.
+            now = self.clock.now()
+            delay = self.early_retry
+            if timer.fire_at <= now:
+                # Due by our clock, yet nothing waits in the log: usually the holder died
+                # between storing the timer and logging the wait, and only recovery (which
+                # re-runs the flow up to the wait) can settle it. Back off exponentially
+                # instead of polling it every early_retry seconds forever.
+                tries = self._early.get(key, 0)
+                self._early[key] = tries + 1
+                delay = min(self.early_retry * 2 ** min(tries, 32), self.max_early_backoff)
+            try:
+                await self.store.schedule_timer(
+                    replace(timer, fire_at=max(timer.fire_at, now + delay))
+                )
+            except Exception as exc:
+                log.warning(
+                    "handing back %s@%d failed; retried after the lease: %r",
+                    timer.execution_id,
+                    timer.position,
+                    exc,
+                )
+            return
+        self._early.pop(key, None)
+        if outcome is WakeOutcome.FIRED:
+            self.fired.append(timer)
         self._settle(timer)
 
-    async def _prepared(self, due: Sequence[Timer]) -> contextvars.Context:
-        """The context the batch ``due`` is woken in, prepared for it."""
+    async def _prepared(
+        self, due: Sequence[Timer]
+    ) -> tuple[contextvars.Context, Mapping[tuple[str, int], WakeOutcome]]:
+        """The context the batch ``due`` is woken in, prepared for it, and the outcomes the
+        preparation decided."""
         batch = contextvars.copy_context()
+        decided: Mapping[tuple[str, int], WakeOutcome] | None = None
         if self.prepare is not None:
             try:
-                await asyncio.get_running_loop().create_task(self.prepare(due), context=batch)
+                decided = await asyncio.get_running_loop().create_task(
+                    self.prepare(due), context=batch
+                )
             except Exception as exc:  # only an optimisation: each wake can read its own state
                 log.warning("preparing %d wakes failed; each reads its own: %r", len(due), exc)
-        return batch
+        return batch, decided or {}
 
     def _settle(self, timer: Timer) -> None:
         """Queue a fired (or stale) timer's deletion. Deletions are grouped: one write
@@ -194,8 +208,12 @@ class TimerService:
                 if not due:
                     break
                 total += len(due)
-                batch = await self._prepared(due)
+                batch, decided = await self._prepared(due)
                 for timer in due:
+                    outcome = decided.get((timer.execution_id, timer.position))
+                    if outcome is not None:
+                        await self._woken(timer, outcome)
+                        continue
                     task = loop.create_task(self._wake_one(timer, limit), context=batch)
                     running.add(task)
                     task.add_done_callback(finished)

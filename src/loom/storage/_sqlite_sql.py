@@ -13,6 +13,7 @@ from loom.storage._common import TERMINAL_SQL, ended
 from loom.storage._index import SUMMARY_COLUMNS, summary_values
 
 __all__ = [
+    "INSERT_EVENT",
     "LAST_SEQUENCE",
     "append_check",
     "ended_refusal",
@@ -20,6 +21,7 @@ __all__ = [
     "insert_or_undo",
     "next_sequence_of",
     "write_index",
+    "write_indexes",
 ]
 
 # One writer at a time (BEGIN IMMEDIATE, across processes) makes max + 1 a commit-ordered
@@ -59,6 +61,22 @@ def write_index(conn: sqlite3.Connection, change: SummaryChange) -> None:
         _INDEX_START if change.started else _INDEX_MARK if change.status is None else _INDEX_CHANGE,
         summary_values(change.apply(None)),
     )
+
+
+def write_indexes(conn: sqlite3.Connection, changes: list[SummaryChange]) -> None:
+    """:func:`write_index` for many executions (one ``executemany`` per kind of change)."""
+    by_kind: dict[str, list[tuple[Any, ...]]] = {}
+    for change in changes:
+        sql = (
+            _INDEX_START
+            if change.started
+            else _INDEX_MARK
+            if change.status is None
+            else (_INDEX_CHANGE)
+        )
+        by_kind.setdefault(sql, []).append(summary_values(change.apply(None)))
+    for sql, rows in by_kind.items():
+        conn.executemany(sql, rows)
 
 
 INSERT_EVENT = (

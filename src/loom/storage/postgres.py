@@ -436,7 +436,17 @@ class PostgresStore(PostgresBranches):
             sql=self._sql.take_over_many,
             params=params,
         )
-        moved = set(await self._submit(req))
+        try:
+            moved = set(await self._submit(req))
+        except StorageWriteError as exc:
+            if not isinstance(exc.__cause__, psycopg.errors.UniqueViolation):
+                raise
+            # An envelope id already stored: the statement wrote nothing. One at a time, so
+            # that only the request carrying it is refused.
+            await asyncio.gather(
+                *(self._take_over_alone(requests[i], outcomes, i) for i in batched)
+            )
+            return outcomes
         if moved:
             self._waiters.notify(sorted(moved))
         refused = [i for i in batched if heads[i][0] not in moved]

@@ -94,6 +94,7 @@ from loom.storage._sqlite_sql import (
     insert_or_undo,
     next_sequence_of,
     write_index,
+    write_indexes,
 )
 from loom.storage._sqlite_tables import SQLiteSideTables
 from loom.storage._sqlite_watch import ChangeWatch
@@ -734,27 +735,63 @@ class SQLiteStore(SQLiteBranches, SQLiteIndexReads, SQLiteSideTables):
         request's statements either all apply or undo themselves before its refusal is raised
         (as in a coalesced batch), so one refusal needs no SAVEPOINT and fails only itself."""
         heads = check_take_overs(requests)
+        if self._reserved:
+            for envelopes, _ in requests:
+                check_reserved(envelopes, self._reserved)
+        rows = [[event_row(e) for e in envelopes] for envelopes, _ in requests]
+        # (the one-at-a-time write, its index change) per request
         writes = [
-            self._take_over_write(envelopes, from_fence, eid, first)
-            for (envelopes, from_fence), (eid, first) in zip(requests, heads, strict=True)
+            (self._take_over_rows(rows[i], eid, first, requests[i][1]), summary_change(envs))
+            for i, ((envs, _), (eid, first)) in enumerate(zip(requests, heads, strict=True))
         ]
 
         def apply(conn: sqlite3.Connection) -> list[LoomError | None]:
+            # Checked one by one (one statement each), written all at once: the transaction
+            # excludes every other writer, so nothing moves in between.
             outcomes: list[LoomError | None] = []
-            for one, _ in writes:
-                try:
-                    one(conn)
-                except LoomError as refusal:
-                    outcomes.append(refusal)
-                else:
-                    outcomes.append(None)
+            ok: list[int] = []
+            for i, ((eid, first), (_, from_fence)) in enumerate(zip(heads, requests, strict=True)):
+                fence, next_sequence, last_type = append_check(conn, eid)
+                refusal = take_over_refusal(eid, first, from_fence, fence, next_sequence)
+                if refusal is None and last_type in TERMINAL_TYPES:
+                    refusal = ended(eid, last_type)
+                outcomes.append(refusal)
+                if refusal is None:
+                    ok.append(i)
+            if not ok:
+                return outcomes
+            conn.execute("SAVEPOINT loom_take_overs")
+            try:
+                conn.executemany(
+                    "UPDATE loom_heads SET fence = ?, next_sequence = ? WHERE execution_id = ?",
+                    [
+                        (requests[i][1] + 1, heads[i][1] + len(requests[i][0]), heads[i][0])
+                        for i in ok
+                    ],
+                )
+                conn.executemany(INSERT_EVENT, [row for i in ok for row in rows[i]])
+                changes = [c for i in ok if (c := writes[i][1]) is not None]
+                if changes:
+                    write_indexes(conn, changes)
+            except sqlite3.IntegrityError:
+                # An envelope id already stored: undo them all, then one at a time (each
+                # undoes its own writes before its refusal), so only that one is refused.
+                conn.execute("ROLLBACK TO loom_take_overs")
+                conn.execute("RELEASE loom_take_overs")
+                for i in ok:
+                    try:
+                        writes[i][0](conn)
+                    except LoomError as refusal:
+                        outcomes[i] = refusal
+                return outcomes
+            conn.execute("RELEASE loom_take_overs")
             return outcomes
 
         outcomes: list[LoomError | None] = await self._submit(apply, None)
         keys = [eid for (eid, _), refusal in zip(heads, outcomes, strict=True) if refusal is None]
         if keys and self._waiters._by_execution:
             if any(
-                feed for (_, feed), refusal in zip(writes, outcomes, strict=True) if not refusal
+                change for (_, change), refusal in zip(writes, outcomes, strict=True) if not refusal
             ):
                 keys.append(FEED_KEY)
             self._waiters.notify(keys)
@@ -767,8 +804,22 @@ class SQLiteStore(SQLiteBranches, SQLiteIndexReads, SQLiteSideTables):
         if self._reserved:
             check_reserved(envelopes, self._reserved)
         rows = [event_row(e) for e in envelopes]
-        count = len(rows)
         change = summary_change(envelopes)
+        apply = self._take_over_rows(rows, execution_id, first, from_fence)
+        if change is None:
+            return apply, False
+
+        def apply_indexed(conn: sqlite3.Connection) -> None:
+            apply(conn)
+            write_index(conn, change)
+
+        return apply_indexed, True
+
+    def _take_over_rows(
+        self, rows: list[tuple[Any, ...]], execution_id: str, first: int, from_fence: int
+    ) -> Callable[[sqlite3.Connection], None]:
+        """The take-over of ``rows`` (its events), without the index row."""
+        count = len(rows)
 
         def apply(conn: sqlite3.Connection) -> None:
             head = conn.execute(
@@ -802,10 +853,8 @@ class SQLiteStore(SQLiteBranches, SQLiteIndexReads, SQLiteSideTables):
                     )
 
             insert_or_undo(conn, execution_id, rows, first, undo_head)
-            if change is not None:
-                write_index(conn, change)
 
-        return apply, change is not None
+        return apply
 
     async def read(
         self, execution_id: str, *, from_sequence: int = 0, limit: int | None = None

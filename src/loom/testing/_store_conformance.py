@@ -350,22 +350,31 @@ async def check_take_over_many(store: Store, reopen: Reopen | None) -> None:
 
     requests = [request("tm-000", 3), request("tm-001", 3), request("tm-002", 2)]
     requests += [request("tm-003", 5)]  # not the next sequence
-    requests += [request(eid, 2) for eid in ids[4:]]
+    requests += [request(eid, 2) for eid in ids[4:-2]]
+    # The last two carry the same envelope id: one of the two is refused, alone.
+    requests += [
+        ([env(eid, 2, 2, EventType.TIMER_FIRED, fired, envelope_id="tm-same")], 1)
+        for eid in ids[-2:]
+    ]
     outcomes = await store.take_over_many(requests)
     assert len(outcomes) == len(requests)
     assert outcomes[0] is None, outcomes[0]
     assert isinstance(outcomes[1], ExecutionEndedError), outcomes[1]
     assert isinstance(outcomes[2], StaleFenceError), outcomes[2]
     assert isinstance(outcomes[3], DuplicateSequenceError), outcomes[3]
-    assert all(o is None for o in outcomes[4:]), [o for o in outcomes if o is not None][:3]
+    assert (outcomes[-2] is None) != (outcomes[-1] is None), outcomes[-2:]
+    refused = outcomes[-2] or outcomes[-1]
+    assert isinstance(refused, DuplicateEnvelopeIdError), refused
+    assert all(o is None for o in outcomes[4:-2]), [o for o in outcomes if o is not None][:3]
     for (envelopes, _), outcome in zip(requests, outcomes, strict=True):
         eid = envelopes[0].execution_id
         stored = await store.read(eid)
         if outcome is None:
-            assert _same_events(stored[-2:], envelopes), eid
+            assert _same_events(stored[-len(envelopes) :], envelopes), eid
             assert await store.current_fence(eid) == 2, eid
         else:
             assert len(stored) == (3 if eid in ("tm-000", "tm-001") else 2), (eid, stored)
+            assert await store.current_fence(eid) == (1 if eid != "tm-002" else 2), eid
             assert all(e.type is not EventType.TIMER_FIRED for e in stored), eid
     if isinstance(store, ExecutionIndex):  # the index follows: running again, changed after
         before = await store.get_summary("tm-002")
