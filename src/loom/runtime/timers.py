@@ -181,20 +181,33 @@ class TimerService:
         """Fire every timer due now; return how many were claimed.
 
         Claims come ``batch`` at a time (one statement each) and wakes run ``concurrency``
-        at once; the next batch is claimed as soon as fewer wakes than ``concurrency`` are
-        left waiting for a slot, so a slow wake at the end of a batch does not hold the rest
-        back. Returns once every claimed timer's wake ended and its deletion committed.
+        at once; the next batch is claimed while the last one is being prepared, and as soon
+        as fewer wakes than ``concurrency`` are left waiting for a slot, so neither a batch's
+        preparation nor a slow wake at its end holds the rest back. Returns once every claimed
+        timer's wake ended and its deletion committed.
         """
         total = 0
         loop = asyncio.get_running_loop()
         running: set[asyncio.Task[None]] = set()
         low_water = asyncio.Event()
         limit = asyncio.Semaphore(self.concurrency)
+        preparing: asyncio.Task[None] | None = None
 
         def finished(task: asyncio.Task[None]) -> None:
             running.discard(task)
             if len(running) <= self.concurrency:
                 low_water.set()
+
+        async def start(due: Sequence[Timer]) -> None:
+            batch, decided = await self._prepared(due)
+            for timer in due:
+                outcome = decided.get((timer.execution_id, timer.position))
+                if outcome is not None:
+                    await self._woken(timer, outcome)
+                    continue
+                task = loop.create_task(self._wake_one(timer, limit), context=batch)
+                running.add(task)
+                task.add_done_callback(finished)
 
         try:
             while True:
@@ -208,23 +221,24 @@ class TimerService:
                 if not due:
                     break
                 total += len(due)
-                batch, decided = await self._prepared(due)
-                for timer in due:
-                    outcome = decided.get((timer.execution_id, timer.position))
-                    if outcome is not None:
-                        await self._woken(timer, outcome)
-                        continue
-                    task = loop.create_task(self._wake_one(timer, limit), context=batch)
-                    running.add(task)
-                    task.add_done_callback(finished)
+                # Prepared in a task of its own: the next claim (and preparation) overlaps
+                # this one's, at most one batch ahead.
+                previous, preparing = preparing, loop.create_task(start(due))
+                if previous is not None:
+                    await previous
                 # Claim more once the queue behind the running wakes is short: the next
                 # claim then overlaps the wakes still running.
                 if len(running) > self.concurrency:
                     low_water.clear()
                     await low_water.wait()
+            if preparing is not None:
+                await preparing
             while running:
                 await asyncio.wait(list(running))
         except BaseException:
+            if preparing is not None:
+                preparing.cancel()
+                await asyncio.gather(preparing, return_exceptions=True)
             for task in running:
                 task.cancel()
             await asyncio.gather(*running, return_exceptions=True)
