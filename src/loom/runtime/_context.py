@@ -491,6 +491,12 @@ class WorkflowContext:
         while True:
             if driver.fenced_out is not None:
                 raise driver.fenced_out  # never run an effect for a holder that lost its fence
+            deferred = driver.deferred
+            if deferred is not None:
+                # Nor for one whose take-over is not written yet (see DeferredTakeOver): a
+                # new step may reach here without _take_position.
+                deferred.aborted = True
+                raise LeavesReplay
             info = new_step_info(
                 driver.state.execution_id,
                 pos,
