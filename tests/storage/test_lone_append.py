@@ -4,6 +4,7 @@ errors), and crosses the same fault points."""
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,8 @@ from loom.errors import (
 )
 from loom.model import Envelope, EventType, StepCompleted
 from loom.storage import SQLiteStore
+from loom.storage import sqlite as sqlite_store
+from tests.support.poll import until
 
 
 class _Lone:
@@ -146,4 +149,55 @@ async def test_the_lone_append_crosses_every_fault_point(tmp_path: Path, point: 
     assert info.value.outcome is (WriteOutcome.COMMITTED if committed else WriteOutcome.NOT_APPLIED)
     assert await store.last_sequence("e") == (1 if committed else 0)
     await store.append([_step("e", 2 if committed else 1, fence)])  # the writer goes on
+    await store.close()
+
+
+class _FailingCommit:
+    """The writer's cursor, whose COMMIT fails (an I/O error at commit)."""
+
+    def __init__(self, inner: sqlite3.Cursor) -> None:
+        self.inner = inner
+
+    def execute(self, sql: str, *args: Any) -> Any:
+        if sql == "COMMIT":
+            raise sqlite3.OperationalError("disk I/O error")
+        return self.inner.execute(sql, *args)
+
+
+async def test_a_failed_commit_of_a_lone_append_stops_the_writer(tmp_path: Path) -> None:
+    """An I/O error at COMMIT is never retried blindly, on this path as on the general one:
+    the write fails and every later write is refused (nothing half-written stays)."""
+    store = SQLiteStore(tmp_path / "commit.db")
+    lone = _Lone(store)
+    fence = await store.acquire_fence("c")
+    await store.append([_start("c", fence)])
+    real = store._writer_cursor
+    store._writer_cursor = _FailingCommit(real)  # type: ignore[arg-type,assignment]
+    with pytest.raises(StorageWriteError, match="COMMIT failed"):
+        await store.append([_step("c", 1, fence)])
+    assert lone.taken == 1
+    store._writer_cursor = real  # the disk is back: the writer stays stopped all the same
+    with pytest.raises(StorageWriteError, match="stopped after a failed commit"):
+        await store.append([_step("c", 1, fence)])
+    await store.close()
+    reopened = SQLiteStore(tmp_path / "commit.db")
+    assert await reopened.last_sequence("c") == 0
+    await reopened.close()
+
+
+async def test_a_lone_append_wakes_its_waiters(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A waiter in this process is woken by the write itself, not by a poll or the change
+    watch (both set far beyond the test's deadline here)."""
+    monkeypatch.setattr(sqlite_store, "_SAFETY_POLL", 3600.0)
+    store = SQLiteStore(tmp_path / "wake.db", poll_interval=3600)
+    lone = _Lone(store)
+    fence = await store.acquire_fence("w")
+    await store.append([_start("w", fence)])
+    waiting = asyncio.ensure_future(store.wait_for_append("w", 0, timeout=30))
+    await until(lambda: "w" in store._waiters._by_execution, "waiting")
+    await store.append([_step("w", 1, fence)])
+    assert lone.taken == 1
+    assert await asyncio.wait_for(waiting, 10) == 1
     await store.close()
