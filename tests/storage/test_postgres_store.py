@@ -415,6 +415,37 @@ async def test_a_lost_commit_is_checked_against_the_whole_batch(
     assert [e.payload["output"] for e in stored] == ["same", "theirs"]
 
 
+async def test_a_lone_write_whose_answer_is_lost_is_recognised_though_records_follow_it(
+    store: PostgresStore, pg_dsn: str, schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lone write (the lean path) commits, then its connection dies before the answer is
+    read; meanwhile a new holder took over and wrote after it. The probe finds our record
+    where we wrote it and acknowledges the write: records beyond our batch are not ours to
+    compare (counting them in would report a durable write as never made)."""
+    fence = await store.acquire_fence("landed")
+    await store.append([env("landed", 0, fence)])
+    await store.append([env("landed", 1, fence)])  # the lean path's statement is prepared
+    racer = await PostgresStore.open(pg_dsn, schema=schema)  # another process's store
+    run = _postgres_lean.LeanStatements._run
+
+    async def commit_then_lose(self: Any, name: bytes, values: Any) -> Any:
+        result = await run(self, name, values)
+        if self.conn is not store._writer._held:
+            return result  # the racer's own writes
+        taker = await racer.acquire_fence("landed")
+        await racer.append([env("landed", 3, taker)])
+        await self.conn.close()
+        raise psycopg.OperationalError("the answer was lost")
+
+    try:
+        monkeypatch.setattr(_postgres_lean.LeanStatements, "_run", commit_then_lose)
+        await store.append([env("landed", 2, fence)])  # acknowledged: it is durable
+        monkeypatch.undo()
+    finally:
+        await racer.close()
+    assert [e.fence for e in await store.read("landed")] == [fence] * 3 + [fence + 1]
+
+
 async def test_a_lone_write_held_up_by_a_lock_leaves_the_event_loop_running(
     store: PostgresStore, pg_dsn: str, schema: str
 ) -> None:
