@@ -779,10 +779,14 @@ class SQLiteStore(SQLiteBranches, SQLiteIndexReads, SQLiteSideTables):
                 conn.execute("ROLLBACK TO loom_take_overs")
                 conn.execute("RELEASE loom_take_overs")
                 for i in ok:
+                    write, change = writes[i]
                     try:
-                        writes[i][0](conn)
+                        write(conn)
                     except LoomError as refusal:
                         outcomes[i] = refusal
+                    else:
+                        if change is not None:  # its index row, as take_over writes it
+                            write_index(conn, change)
                 return outcomes
             conn.execute("RELEASE loom_take_overs")
             return outcomes

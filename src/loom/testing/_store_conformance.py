@@ -381,6 +381,9 @@ async def check_take_over_many(store: Store, reopen: Reopen | None) -> None:
         after = await store.get_summary("tm-005")
         assert after is not None and after.status is ExecutionStatus.RUNNING, after
         assert before is not None and after.cursor > before.cursor, (before, after)
+        # Suspended, then taken over in the batch whose duplicate id made it go one by one.
+        woken = await store.get_summary("tm-000")
+        assert woken is not None and woken.status is ExecutionStatus.RUNNING, woken
     # Taken over: the old holder is fenced out, and a second take-over from 1 is refused.
     await _expect(StaleFenceError, store.append([env("tm-010", 4, 1)]))
     again = await store.take_over_many([request("tm-010", 4)])
