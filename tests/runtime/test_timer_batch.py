@@ -143,6 +143,57 @@ async def _all_completed(store: Store, n: int) -> bool:
     return await _completed(store, nap_then_maybe_step.id) == n
 
 
+#: (execution id, TIMER_FIRED already stored) per decision computed in-process.
+DECIDED: list[tuple[str, bool]] = []
+
+
+@loom.flow(id="nap-then-decide", version="1")
+async def nap_then_decide(ctx: loom.WorkflowContext, args: dict[str, Any]) -> Any:
+    await ctx.sleep_until(float(args["when"]))
+    eid = ctx.execution_id
+
+    async def checked() -> bool:
+        log = await STORE[0].read(eid)
+        fired = any(e.type is EventType.TIMER_FIRED for e in log)
+        DECIDED.append((eid, fired))
+        return fired
+
+    return await ctx.decide("checked", checked)
+
+
+async def test_a_batch_decides_nothing_before_its_take_over_is_durable(backend: Backend) -> None:
+    """Not only steps: a decision (as any new wait, child start or UI patch) after the wake is
+    computed only once the take-over is in the store, never by a flow run on ahead of it."""
+    clock = SetClock(T0 - 5)
+    store = backend.store()
+    DECIDED.clear()
+    STORE[:] = [store]
+    rt = loom.WorkflowRuntime(store, clock=clock, timers=False)
+    rt.register(nap_then_decide)
+    ids = [f"d{i:02d}" for i in range(20)]
+    handles = await asyncio.gather(
+        *(rt.start(nap_then_decide, {"when": T0}, execution_id=i) for i in ids)
+    )
+    await asyncio.gather(*(h.settled() for h in handles))
+    assert isinstance(store, TimerStore)
+    service = TimerService(
+        store, rt._wake_locally, clock=clock, batch=40, prepare=rt._prepare_wakes
+    )
+    clock.t = T0
+    assert await service.run_due() == len(ids)
+
+    async def done() -> bool:
+        n = await store.count_executions(
+            ExecutionQuery(statuses=[ExecutionStatus.COMPLETED], flow_id=nap_then_decide.id)
+        )
+        return n == len(ids)
+
+    await until(done, "every woken flow completed", timeout=60)
+    assert Counter(eid for eid, _ in DECIDED) == Counter(ids)  # each decided once
+    assert all(fired for _, fired in DECIDED), [d for d in DECIDED if not d[1]]
+    await rt.close()
+
+
 async def test_racing_batches_fire_each_timer_once(backend: Backend) -> None:
     # Two runtimes' services (one store) prepare and take over the same due timers at once:
     # each take-over is a compare-and-swap, so each wait ends once whichever batch wins.
