@@ -739,11 +739,7 @@ class SQLiteStore(SQLiteBranches, SQLiteIndexReads, SQLiteSideTables):
             for envelopes, _ in requests:
                 check_reserved(envelopes, self._reserved)
         rows = [[event_row(e) for e in envelopes] for envelopes, _ in requests]
-        # (the one-at-a-time write, its index change) per request
-        writes = [
-            (self._take_over_rows(rows[i], eid, first, requests[i][1]), summary_change(envs))
-            for i, ((envs, _), (eid, first)) in enumerate(zip(requests, heads, strict=True))
-        ]
+        changes = [summary_change(envs) for envs, _ in requests]
 
         def apply(conn: sqlite3.Connection) -> list[LoomError | None]:
             # Checked one by one (one statement each), written all at once: the transaction
@@ -770,18 +766,20 @@ class SQLiteStore(SQLiteBranches, SQLiteIndexReads, SQLiteSideTables):
                     ],
                 )
                 conn.executemany(INSERT_EVENT, [row for i in ok for row in rows[i]])
-                changes = [c for i in ok if (c := writes[i][1]) is not None]
-                if changes:
-                    write_indexes(conn, changes)
+                indexed = [c for i in ok if (c := changes[i]) is not None]
+                if indexed:
+                    write_indexes(conn, indexed)
             except sqlite3.IntegrityError:
                 # An envelope id already stored: undo them all, then one at a time (each
                 # undoes its own writes before its refusal), so only that one is refused.
                 conn.execute("ROLLBACK TO loom_take_overs")
                 conn.execute("RELEASE loom_take_overs")
                 for i in ok:
-                    write, change = writes[i]
+                    # (built only here: a collision is rare, the closures are not free)
+                    eid, first = heads[i]
+                    change = changes[i]
                     try:
-                        write(conn)
+                        self._take_over_rows(rows[i], eid, first, requests[i][1])(conn)
                     except LoomError as refusal:
                         outcomes[i] = refusal
                     else:
@@ -795,7 +793,7 @@ class SQLiteStore(SQLiteBranches, SQLiteIndexReads, SQLiteSideTables):
         keys = [eid for (eid, _), refusal in zip(heads, outcomes, strict=True) if refusal is None]
         if keys and self._waiters._by_execution:
             if any(
-                change for (_, change), refusal in zip(writes, outcomes, strict=True) if not refusal
+                change for change, refusal in zip(changes, outcomes, strict=True) if not refusal
             ):
                 keys.append(FEED_KEY)
             self._waiters.notify(keys)
