@@ -22,6 +22,7 @@ from loom.errors import (
 )
 from loom.model import Envelope, EventType
 from loom.storage import Snapshot, Store, _postgres_lean
+from loom.storage import postgres as postgres_module
 from loom.storage._blobs import blob_hash
 from loom.storage._postgres_commit import PostgresWriter
 from loom.storage.postgres import SCHEMA_VERSION, PostgresStore
@@ -178,6 +179,15 @@ async def test_nul_characters_are_refused_before_anything_is_stored(store: Postg
         await store.append([env("ok", 0, fence, envelope_id="e\x00")])
     with pytest.raises(PayloadError):
         await store.append([env("ok", 0, fence, payload={"s": "\ud800"})])
+    # Text that is not the payload's JSON: an extension's event type, a parent id decoded from
+    # the payload (its JSON escapes the NUL).
+    with pytest.raises(PayloadError):
+        await store.append([env("ok", 0, fence, type="ext.\x00", payload={})])
+    with pytest.raises(PayloadError):
+        await store.append([env("ok", 0, fence, type="ext.\ud800", payload={})])
+    started = {"flow_id": "f", "flow_version": "1", "input": None, "parent_id": "p\x00"}
+    with pytest.raises(PayloadError):
+        await store.append([env("ok", 0, fence, EventType.EXECUTION_STARTED, started)])
     assert await store.read("bad\x00id") == []
     assert await store.last_sequence("bad\x00id") == -1
     assert await store.current_fence("bad\x00id") == 0
@@ -485,11 +495,13 @@ async def test_lone_writes_awaited_on_the_loop_alone(
 
 
 async def test_a_lone_write_with_a_nul_in_text_is_refused_not_cut_short(
-    store: PostgresStore,
+    store: PostgresStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """libpq sends a text parameter only up to its first NUL, so a lone write would store a
-    shortened event type (its record then fails its checksum forever). The write is refused
-    with a typed error and nothing is stored; the execution stays readable and writable."""
+    shortened event type (its record then fails its checksum forever). Even past the store's
+    own checks (switched off here), the write is refused with a typed error and nothing is
+    stored; the execution stays readable and writable."""
+    monkeypatch.setattr(postgres_module, "_storable", lambda value, what: None)
     fence = await store.acquire_fence("nul")
     await store.append([env("nul", 0, fence)])
     with pytest.raises(StorageError, match="NUL"):

@@ -44,6 +44,7 @@ from loom.errors import (
 from loom.model import (
     DEFAULT_LIMITS,
     Envelope,
+    EventType,
     ExecutionSummary,
     PayloadLimits,
     decode_json,
@@ -385,6 +386,8 @@ class PostgresStore(PostgresBranches):
             for e in envelopes:
                 _storable(e.envelope_id, "envelope id")
                 _storable(e.payload_json, "payload")
+                if type(e.type) is not EventType:  # an extension's name: any text
+                    _storable(e.type, "event type")
             change = summary_change(envelopes)
             if change is not None and (change.started or change.status is None):
                 alone.append(i)
@@ -520,6 +523,8 @@ class PostgresStore(PostgresBranches):
         for e in envelopes:
             _storable(e.envelope_id, "envelope id")
             _storable(e.payload_json, "payload")
+            if type(e.type) is not EventType:  # an extension's name: any text
+                _storable(e.type, "event type")
         note = execution_id if len(execution_id.encode()) <= MAX_NOTE_BYTES else ""
         sums = [e.checksum() for e in envelopes]
         params: dict[str, Any] = {
@@ -552,7 +557,13 @@ class PostgresStore(PostgresBranches):
                 x_created=summary.created_at,
                 x_updated=summary.updated_at,
             )
-            for text in (summary.flow_id, summary.flow_version, summary.waiting_for or ""):
+            for text in (
+                summary.flow_id,
+                summary.flow_version,
+                summary.waiting_for or "",
+                summary.parent_id or "",  # from the payload's JSON, which may escape a NUL
+                summary.forked_from or "",
+            ):
                 _storable(text, "summary field")
         if len(envelopes) == 1:
             e = envelopes[0]
