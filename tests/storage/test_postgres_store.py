@@ -263,6 +263,30 @@ async def test_a_failed_commit_fails_every_caller_and_writes_nothing(
     await asyncio.gather(*(store.append([env(i, 0, f)]) for i, f in zip(ids, fences, strict=True)))
 
 
+async def test_the_writer_connection_handed_back_after_a_failure_writes_again(
+    pg_dsn: str, schema: str
+) -> None:
+    """A failed lone write hands the writer's connection back to the pool, its prepared
+    statements still on the server; checked out again, it must not prepare under a name it
+    already holds (one connection for the writer, one for reads: the same one comes back)."""
+    store = await PostgresStore.open(pg_dsn, schema=schema, pool_min=1, pool_max=2)
+    try:
+        fence = await store.acquire_fence("back")
+        for seq in (0, 1):
+            await store.append([env("back", seq, fence)])
+        held = store._writer._held
+        faults.arm("before_commit", faults.Raise())
+        with pytest.raises(StorageWriteError):
+            await store.append([env("back", 2, fence)])
+        assert store._writer._held is None  # handed back
+        for seq in (2, 3):
+            await store.append([env("back", seq, fence)])
+        assert store._writer._held is held  # the same connection, checked out again
+        assert await store.last_sequence("back") == 3
+    finally:
+        await store.close()
+
+
 async def test_a_batch_failing_before_commit_leaves_no_transaction_open_for_the_next(
     pg_dsn: str, schema: str
 ) -> None:

@@ -27,6 +27,7 @@ behind our back (a pooler's ``DISCARD ALL``, psycopg's own ``DEALLOCATE ALL`` af
 from __future__ import annotations
 
 import asyncio
+import itertools
 import math
 import re
 import select
@@ -50,6 +51,11 @@ _PLACEHOLDER = re.compile(r"%\((\w+)\)s|%s|%%")
 # Parameter types sent with the PREPARE: the server then needs no inference (an untyped integer
 # beside ``- 1`` would be taken as int4), and a value's type picks its own prepared statement.
 _TEXT, _INT8, _FLOAT8, _BOOL, _UNKNOWN = 25, 20, 701, 16, 0
+
+#: Numbers of the statements this path prepares: never reused in a process, so no name collides
+#: with one still held by a connection that went back to the pool and is checked out again, or
+#: with one the server kept after our cache was cleared.
+_statement_numbers = itertools.count(1)
 
 #: (statement text, parameter names or count) by the psycopg statement text.
 _converted: dict[str, tuple[bytes, tuple[str, ...] | int]] = {}
@@ -178,9 +184,6 @@ class LeanStatements:
         self.conn = conn
         self._names: dict[tuple[bytes, tuple[int, ...]], bytes] = {}
         self._poller: select.poll | None = None
-        #: Names are never reused on a connection, so one prepared again after a loss cannot
-        #: collide with one the server still holds.
-        self._next = 0
 
     async def execute(
         self, text: bytes, values: list[bytes | None], types: tuple[int, ...]
@@ -214,8 +217,7 @@ class LeanStatements:
         key = (text, types)
         name = self._names.get(key)
         if name is None:
-            self._next += 1
-            name = f"loom_w{self._next}".encode()
+            name = f"loom_w{next(_statement_numbers)}".encode()
             self.conn.pgconn.send_prepare(name, text, types)
             await self._answer(pq.ExecStatus.COMMAND_OK)
             self._names[key] = name
