@@ -384,6 +384,11 @@ async def check_take_over_many(store: Store, reopen: Reopen | None) -> None:
         # Suspended, then taken over in the batch whose duplicate id made it go one by one.
         woken = await store.get_summary("tm-000")
         assert woken is not None and woken.status is ExecutionStatus.RUNNING, woken
+    # A batch without a colliding id is checked as it is written: nothing follows an end.
+    ended_again = await store.take_over_many([request("tm-001", 3), request("tm-030", 2)])
+    assert isinstance(ended_again[0], ExecutionEndedError), ended_again
+    assert ended_again[1] is not None  # taken over above: from fence 1 is stale now
+    assert len(await store.read("tm-001")) == 3
     # Taken over: the old holder is fenced out, and a second take-over from 1 is refused.
     await _expect(StaleFenceError, store.append([env("tm-010", 4, 1)]))
     again = await store.take_over_many([request("tm-010", 4)])
