@@ -115,17 +115,16 @@ def _count_waits() -> None:
     psycopg.AsyncConnection.wait = counted_async  # type: ignore[method-assign]
     psycopg.Connection.wait = counted_sync  # type: ignore[method-assign]
 
-    # The store's lone writes bypass psycopg's wait (``_postgres_lean``): count their waits for
-    # an answer too (a wait to write, when the socket's buffer is full, is not a round trip).
-    lean_ready = LeanStatements._ready
+    # The store's lone writes bypass psycopg's wait (``_postgres_lean``), and may not wait on
+    # the loop at all: count each statement sent and answered there as one round trip.
+    lean_answer = LeanStatements._answer
 
-    async def counted_ready(loop: Any, fd: int, *, write: bool = False) -> None:
+    async def counted_answer(self: LeanStatements, expected: Any) -> Any:
         global _waits
-        if not write:
-            _waits += 1
-        await lean_ready(loop, fd, write=write)
+        _waits += 1
+        return await lean_answer(self, expected)
 
-    LeanStatements._ready = staticmethod(counted_ready)  # type: ignore[method-assign]
+    LeanStatements._answer = counted_answer  # type: ignore[method-assign]
 
 
 @loom.step(id="inc")
