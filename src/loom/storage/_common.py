@@ -150,6 +150,23 @@ def check_take_overs(requests: Sequence[tuple[Sequence[Envelope], int]]) -> list
     return heads
 
 
+async def take_over_each(
+    take_over: Callable[..., Awaitable[None]],
+    requests: Sequence[tuple[Sequence[Envelope], int]],
+) -> list[LoomError | None]:
+    """take_over_many for a store without a batched write: each request its own take-over
+    (atomic alone), its refusal reported in its place instead of ending the batch."""
+    outcomes: list[LoomError | None] = []
+    for envelopes, from_fence in requests:
+        try:
+            await take_over(envelopes, from_fence=from_fence)
+        except LoomError as refusal:
+            outcomes.append(refusal)
+        else:
+            outcomes.append(None)
+    return outcomes
+
+
 def take_over_refusal(
     execution_id: str, first: int, from_fence: int, current_fence: int, next_sequence: int
 ) -> LoomError | None:

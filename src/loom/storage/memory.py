@@ -46,6 +46,7 @@ from loom.storage._common import (
     merge_segments,
     refusal_for,
     segment_checksum,
+    take_over_each,
     take_over_refusal,
 )
 from loom.storage._index import FEED_KEY, encode_page_cursor, matches
@@ -143,15 +144,7 @@ class InMemoryStore:
     async def take_over_many(self, requests: Sequence[TakeOver]) -> list[LoomError | None]:
         """See :meth:`loom.storage.TakesOverMany.take_over_many` (each request atomic)."""
         check_take_overs(requests)
-        outcomes: list[LoomError | None] = []
-        for envelopes, from_fence in requests:
-            try:
-                await self.take_over(envelopes, from_fence=from_fence)
-            except LoomError as refusal:
-                outcomes.append(refusal)
-            else:
-                outcomes.append(None)
-        return outcomes
+        return await take_over_each(self.take_over, requests)
 
     def _index(self, execution_id: str, envelopes: Sequence[Envelope]) -> bool:
         """Update the summary under the store's lock (one commit order for the cursor)."""

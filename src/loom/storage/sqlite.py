@@ -497,14 +497,17 @@ class SQLiteStore(SQLiteBranches, SQLiteIndexReads, SQLiteSideTables):
         except BaseException as exc:
             # Committed, but the acknowledgement failed: every caller must hear about it (none
             # may hang), and none may assume nothing was written.
-            err = StorageWriteError(
-                f"SQLite store {self.path}: the batch committed but its acknowledgement "
-                f"failed: {exc}",
-                hint="Re-read the execution before retrying: the write is durable",
-                outcome=WriteOutcome.COMMITTED,
-            )
-            err.__cause__ = exc
-            self._fail_all(batch, err)
+            self._fail_all(batch, self._unacknowledged(exc))
+
+    def _unacknowledged(self, exc: BaseException) -> StorageWriteError:
+        """A batch that committed but whose acknowledgement failed."""
+        err = StorageWriteError(
+            f"SQLite store {self.path}: the batch committed but its acknowledgement failed: {exc}",
+            hint="Re-read the execution before retrying: the write is durable",
+            outcome=WriteOutcome.COMMITTED,
+        )
+        err.__cause__ = exc
+        return err
 
     def _write_error(self, what: str, exc: BaseException) -> StorageWriteError:
         err = StorageWriteError(f"SQLite store {self.path}: {what}: {exc}")
@@ -655,13 +658,7 @@ class SQLiteStore(SQLiteBranches, SQLiteIndexReads, SQLiteSideTables):
             try:
                 faults.hit("after_append_before_ack")
             except BaseException as exc:
-                error = StorageWriteError(
-                    f"SQLite store {self.path}: the batch committed but its acknowledgement "
-                    f"failed: {exc}",
-                    hint="Re-read the execution before retrying: the write is durable",
-                    outcome=WriteOutcome.COMMITTED,
-                )
-                error.__cause__ = exc
+                error = self._unacknowledged(exc)
                 return True
         finally:
             lock.release()

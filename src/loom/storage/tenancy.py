@@ -52,7 +52,7 @@ from loom.storage._branches import (
     check_target,
     lineage,
 )
-from loom.storage._common import check_take_overs
+from loom.storage._common import check_take_overs, take_over_each
 from loom.storage._index import decode_page_cursor, encode_page_cursor
 from loom.storage._spi import (
     EventStore,
@@ -229,16 +229,8 @@ class TenantScopedEventStore:
         unscoped ids."""
         self._check_open()
         check_take_overs(requests)
-        outcomes: list[LoomError | None] = []
         if not isinstance(self.store, TakesOverMany):
-            for envelopes, from_fence in requests:
-                try:
-                    await self.take_over(envelopes, from_fence=from_fence)
-                except LoomError as refusal:
-                    outcomes.append(refusal)
-                else:
-                    outcomes.append(None)
-            return outcomes
+            return await take_over_each(self.take_over, requests)
         scoped = [([self._scope_envelope(e) for e in envs], fence) for envs, fence in requests]
         found = await self._call(self.store.take_over_many(scoped))
         return [None if err is None else self._tenant_error(err) for err in found]
