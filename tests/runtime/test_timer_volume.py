@@ -235,10 +235,12 @@ async def test_a_batch_read_before_half_its_waits_ended_elsewhere_fires_each_onc
     other.register(nap)
     ended_elsewhere: list[str] = []
 
-    batch: list[Timer] = []
+    # By id, for every batch: the service prepares the next batch while the last one's
+    # take-over is written, so two batches' reads may be under way at once.
+    claimed: dict[str, Timer] = {}
 
-    async def interfere() -> None:
-        for timer in batch[::2]:  # half of the batch's waits end in another runtime
+    async def interfere(ids: Sequence[str]) -> None:
+        for timer in [claimed[eid] for eid in ids][::2]:  # half of the batch's waits end elsewhere
             outcome, _ = await other.fire_timer(timer.execution_id, timer.position)
             assert outcome is WakeOutcome.FIRED
             ended_elsewhere.append(timer.execution_id)
@@ -248,16 +250,16 @@ async def test_a_batch_read_before_half_its_waits_ended_elsewhere_fires_each_onc
 
         async def read_then_interfere(ids: Sequence[str]) -> Any:
             read = await read_many(ids)  # the batch's states are read now...
-            await interfere()  # ...and half of them move before the batch's take-over
+            await interfere(ids)  # ...and half of them move before the batch's take-over
             return read
 
         store.load_many = read_then_interfere  # type: ignore[method-assign]
 
     async def prepare(due: Sequence[Timer]) -> Any:
-        batch[:] = due
+        claimed.update((t.execution_id, t) for t in due)
         decided = await rt._prepare_wakes(due)
         if not isinstance(store, LoadsMany):
-            await interfere()  # nothing read with the batch: every wake reads its own
+            await interfere([t.execution_id for t in due])  # every wake reads its own
         return decided
 
     loads: list[str] = []
