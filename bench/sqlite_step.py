@@ -11,13 +11,21 @@ interleaved round by round (a load change on a shared machine hits every row ali
 * ``rung 10``: this build: ``_sqlite_sql.APPEND_CHECK`` (three scalar subqueries) and the
   ``INSERT`` with the derived id stored empty, into the rebuilt table whose partial index holds
   explicit ids only.
+* ``rowid``: a candidate rung 11, not built: the head row holds a number per execution and
+  the events are the rowids ``number << 32 | sequence`` of a rowid table (no execution id in
+  the row; the newest execution appends at the table's right edge, where SQLite splits a full
+  leaf by starting a new one instead of redistributing three). The append check reads the
+  head's fence and number and the tail by a rowid range.
 
-The event tables hold 20,000 rows of 100 other executions first, so the indexes are not tiny.
-Each commit's row (the envelope, its JSON and checksum) is built before the timed loop: only the
-statements are timed. Columns: wall and CPU (``time.process_time``) µs per commit, wall over the
-floor, and WAL frames per commit (pages appended to the WAL, over 300 more commits with
-checkpoints off). Last, per setting, the CPU of building one step's envelope and row right after
-a floor commit and again at once: at ``FULL`` the first runs on caches the fsync left cold.
+The event tables hold 20,000 rows of 100 other executions first, so the indexes are not tiny;
+execution ids are 32 hex characters, as ``runtime.start`` makes them. Each commit's row (the
+envelope, its JSON and checksum) is built before the timed loop: only the statements are timed.
+Rows take turns, in reverse order every other round. Columns: wall and CPU
+(``time.process_time``) µs per commit; wall over the floor and CPU and wall over rung 10, each
+the median of the rounds' own ratios (a round's rows ran within a second of each other); WAL
+frames per commit (pages appended to the WAL, over 300 more commits with checkpoints off).
+Last, per setting, the CPU of building one step's envelope and row right after a floor commit
+and again at once: at ``FULL`` the first runs on caches the fsync left cold.
 """
 
 from __future__ import annotations
@@ -46,6 +54,32 @@ PAYLOAD = '{"position":1,"step_id":"noop","attempt":1,"output":null}'
 HEADS, EVENTS_V1 = MIGRATIONS[1][0], MIGRATIONS[1][1]
 EVENTS_V10 = EVENTS_V1.replace(" UNIQUE", "")
 PARTIAL = next(s for s in MIGRATIONS[10] if isinstance(s, str))
+# The candidate rung 11 (not built: see _rowid_case): events in a rowid table keyed
+# (execution number << 32 | sequence), the number kept in the head row.
+HEADS_ROWID = (
+    "CREATE TABLE loom_heads (execution_id TEXT PRIMARY KEY, fence INTEGER NOT NULL,"
+    " next_sequence INTEGER NOT NULL, number INTEGER NOT NULL UNIQUE) WITHOUT ROWID"
+)
+EVENTS_ROWID = (
+    "CREATE TABLE loom_events (id INTEGER PRIMARY KEY, envelope_id TEXT NOT NULL,"
+    " type TEXT NOT NULL, payload TEXT NOT NULL, recorded_at REAL NOT NULL,"
+    " fence INTEGER NOT NULL, checksum BLOB NOT NULL)"
+)
+PARTIAL_ROWID = (
+    "CREATE UNIQUE INDEX loom_events_envelope_id ON loom_events (envelope_id)"
+    " WHERE envelope_id <> ''"
+)
+APPEND_CHECK_ROWID = (
+    "SELECT h.fence, h.number, "
+    "(SELECT id FROM loom_events WHERE id >= h.number << 32 AND id < (h.number + 1) << 32 "
+    "ORDER BY id DESC LIMIT 1), "
+    "(SELECT type FROM loom_events WHERE id >= h.number << 32 AND id < (h.number + 1) << 32 "
+    "ORDER BY id DESC LIMIT 1) FROM loom_heads h WHERE h.execution_id = ?1"
+)
+INSERT_ROWID = (
+    "INSERT INTO loom_events (id, envelope_id, type, payload, recorded_at, fence, checksum)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?)"
+)
 assert "UNIQUE" in EVENTS_V1 and "WHERE envelope_id <> ''" in PARTIAL
 
 
@@ -95,12 +129,20 @@ class Case:
         return float((size - 32) / (page + 24) / commits)
 
 
+def _ids() -> tuple[list[str], str]:
+    """100 older executions' ids and the stepping one's, 32 hex characters as
+    ``runtime.start`` makes them (the id is in every row of rungs 9 and 10)."""
+    ids = [new_envelope_id() for _ in range(101)]
+    return ids[:100], ids[100]
+
+
 def _event_case(name: str, conn: sqlite3.Connection, *, derived: bool, check: str) -> Case:
-    conn.execute("INSERT INTO loom_heads VALUES ('x', 1, 0)")
+    old, x = _ids()
+    conn.execute("INSERT INTO loom_heads VALUES (?, 1, 0)", (x,))
     conn.execute("BEGIN")
     for j in range(20_000):
         other = Envelope.create(
-            f"old-{j // 200:03d}",
+            old[j // 200],
             j % 200,
             EventType.STEP_COMPLETED,
             {"position": 1, "step_id": "noop", "attempt": 1, "output": None},
@@ -113,7 +155,7 @@ def _event_case(name: str, conn: sqlite3.Connection, *, derived: bool, check: st
 
     def build(i: int) -> tuple[Any, ...]:
         env = Envelope.of(
-            "x",
+            x,
             i,
             StepCompleted(1, "noop", 1, None),
             fence=1,
@@ -124,8 +166,49 @@ def _event_case(name: str, conn: sqlite3.Connection, *, derived: bool, check: st
 
     def commit(row: tuple[Any, ...]) -> None:
         conn.execute("BEGIN IMMEDIATE")
-        conn.execute(check, ("x",)).fetchone()
+        conn.execute(check, (x,)).fetchone()
         conn.execute(INSERT_EVENT, row)
+        conn.execute("COMMIT")
+
+    return Case(name, conn, build, commit)
+
+
+def _rowid_case(name: str, conn: sqlite3.Connection) -> Case:
+    """The candidate rung 11: the head row holds the execution's number, and its events are
+    the rowids ``number << 32 | sequence`` of a rowid table, so the newest execution's
+    appends land at the table's right edge (SQLite's quick balance: a new leaf, no
+    redistribution) and a row no longer repeats the execution id."""
+    old, x = _ids()
+    conn.executemany(
+        "INSERT INTO loom_heads VALUES (?, 1, 200, ?)", [(e, n + 1) for n, e in enumerate(old)]
+    )
+    conn.execute("INSERT INTO loom_heads VALUES (?, 1, 0, 101)", (x,))
+
+    def row_of(number: int, env: Envelope) -> tuple[Any, ...]:
+        r = event_row(env)
+        return ((number << 32) | env.sequence, *r[2:])
+
+    conn.execute("BEGIN")
+    for j in range(20_000):
+        other = Envelope.create(
+            old[j // 200],
+            j % 200,
+            EventType.STEP_COMPLETED,
+            {"position": 1, "step_id": "noop", "attempt": 1, "output": None},
+            fence=1,
+            recorded_at=time.time(),
+        )
+        conn.execute(INSERT_ROWID, row_of(j // 200 + 1, other))
+    conn.execute("COMMIT")
+
+    def build(i: int) -> tuple[Any, ...]:
+        env = Envelope.of(x, i, StepCompleted(1, "noop", 1, None), fence=1, recorded_at=time.time())
+        return row_of(101, env)
+
+    def commit(row: tuple[Any, ...]) -> None:
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute(APPEND_CHECK_ROWID, (x,)).fetchone()
+        conn.execute(INSERT_ROWID, row)
         conn.execute("COMMIT")
 
     return Case(name, conn, build, commit)
@@ -157,6 +240,15 @@ def _python_after_commit(conn: sqlite3.Connection, rows: int) -> tuple[float, fl
     return statistics.mean(after) / 1e3, statistics.mean(alone) / 1e3
 
 
+def _spread(values: list[float]) -> str:
+    return f"{statistics.median(values):.1f} ({min(values):.0f}-{max(values):.0f})"
+
+
+def _paired(values: list[float], base: list[float]) -> str:
+    """The median over rounds of ``values / base`` measured in the same round."""
+    return f"{statistics.median(v / b for v, b in zip(values, base, strict=True)):.3f}x"
+
+
 def main(rounds: int, rows: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for synchronous in ("NORMAL", "FULL"):
@@ -173,30 +265,36 @@ def main(rounds: int, rows: int) -> None:
 
             r9 = _connect(d / "r9.db", synchronous, [HEADS, EVENTS_V1])
             r10 = _connect(d / "r10.db", synchronous, [HEADS, EVENTS_V10, PARTIAL])
+            rowid_ddl = [HEADS_ROWID, EVENTS_ROWID, PARTIAL_ROWID]
+            rowid = _connect(d / "rowid.db", synchronous, rowid_ddl)
             cases = [
                 Case("floor", floor_conn, lambda i: (PAYLOAD,), floor_commit),
                 _event_case("rung 9", r9, derived=False, check=APPEND_CHECK_RUNG_9),
                 _event_case("rung 10", r10, derived=True, check=APPEND_CHECK),
+                _rowid_case("rowid", rowid),
             ]
             for case in cases:
                 case.run(1000, keep=False)  # warm: the WAL reaches its steady size
-            for _ in range(rounds):
-                for case in cases:
+            for k in range(rounds):
+                for case in cases if k % 2 == 0 else cases[::-1]:  # no row always first
                     case.run(rows)
             frames = {case.name: case.frames() for case in cases}
-            floor = statistics.median(cases[0].wall)
             load = os.getloadavg()[0]
             print(
                 f"\nsynchronous={synchronous}: {rounds} rounds of {rows} commits, medians "
-                f"(min-max); load average {load:.1f}"
+                f"(min-max); ratios are medians of each round's own; load average {load:.1f}"
             )
-            print(f"{'':<8} {'wall µs':>22} {'CPU µs':>20} {'÷ floor':>8} {'WAL frames':>11}")
+            print(
+                f"{'':<8} {'wall µs':>20} {'CPU µs':>18} {'wall ÷ floor':>13} "
+                f"{'CPU ÷ rung 10':>14} {'wall ÷ rung 10':>15} {'WAL frames':>11}"
+            )
+            floor, r10 = cases[0], cases[2]
             for case in cases:
-                wall, cpu = case.wall, case.cpu
-                w = f"{statistics.median(wall):.1f} ({min(wall):.0f}-{max(wall):.0f})"
-                c = f"{statistics.median(cpu):.1f} ({min(cpu):.0f}-{max(cpu):.0f})"
-                ratio = statistics.median(wall) / floor
-                print(f"{case.name:<8} {w:>22} {c:>20} {ratio:>7.2f}x {frames[case.name]:>11.2f}")
+                print(
+                    f"{case.name:<8} {_spread(case.wall):>20} {_spread(case.cpu):>18} "
+                    f"{_paired(case.wall, floor.wall):>13} {_paired(case.cpu, r10.cpu):>14} "
+                    f"{_paired(case.wall, r10.wall):>15} {frames[case.name]:>11.2f}"
+                )
             after, warm = _python_after_commit(floor_conn, rows)
             print(
                 f"a step's envelope and row, built right after a floor commit: {after:.1f} µs "
