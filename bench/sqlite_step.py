@@ -24,8 +24,9 @@ Rows take turns, in reverse order every other round. Columns: wall and CPU
 (``time.process_time``) µs per commit; wall over the floor and CPU and wall over rung 10, each
 the median of the rounds' own ratios (a round's rows ran within a second of each other); WAL
 frames per commit (pages appended to the WAL, over 300 more commits with checkpoints off).
-Last, per setting, the CPU of building one step's envelope and row right after a floor commit
-and again at once: at ``FULL`` the first runs on caches the fsync left cold.
+Last, per setting, the CPU of building one step's envelope and row right after a floor commit,
+right after a sleep as long as the commit, and again at once: at ``FULL`` the first two run on
+caches left cold while the thread was blocked.
 """
 
 from __future__ import annotations
@@ -214,11 +215,12 @@ def _rowid_case(name: str, conn: sqlite3.Connection) -> Case:
     return Case(name, conn, build, commit)
 
 
-def _python_after_commit(conn: sqlite3.Connection, rows: int) -> tuple[float, float]:
+def _python_after_commit(conn: sqlite3.Connection, rows: int) -> tuple[float, float, float]:
     """CPU µs of one fixed piece of Python (building a step's envelope and row, as the store's
-    caller does each step) right after a commit of ``conn``, and the same with no commit in
-    between: at ``FULL`` the commit blocks in fsync, and the Python that follows runs on cold
-    caches, so a step's Python costs more there than the same code at ``NORMAL``."""
+    caller does each step) right after a commit of ``conn``, right after sleeping as long as a
+    commit took instead, and again at once. At ``FULL`` the commit blocks in fsync, and the
+    Python that follows runs on cold caches, so a step's Python costs more there than the same
+    code at ``NORMAL``; the sleep shows whether blocking at all costs that, fsync or not."""
 
     def work(i: int) -> None:
         event = StepCompleted(i, "noop", 1, None, time.time())
@@ -226,18 +228,25 @@ def _python_after_commit(conn: sqlite3.Connection, rows: int) -> tuple[float, fl
 
     clock = time.process_time_ns
     after: list[int] = []
+    slept: list[int] = []
     alone: list[int] = []
     for i in range(rows):
+        began = time.perf_counter()
         conn.execute("BEGIN IMMEDIATE")
         conn.execute("INSERT INTO floor (p) VALUES (?)", (PAYLOAD,))
         conn.execute("COMMIT")
+        took = time.perf_counter() - began
         start = clock()
         work(i)
         after.append(clock() - start)
+        time.sleep(took)
+        start = clock()
+        work(i)
+        slept.append(clock() - start)
         start = clock()
         work(i)  # again, caches warm now
         alone.append(clock() - start)
-    return statistics.mean(after) / 1e3, statistics.mean(alone) / 1e3
+    return statistics.mean(after) / 1e3, statistics.mean(slept) / 1e3, statistics.mean(alone) / 1e3
 
 
 def _spread(values: list[float]) -> str:
@@ -295,10 +304,11 @@ def main(rounds: int, rows: int) -> None:
                     f"{_paired(case.wall, floor.wall):>13} {_paired(case.cpu, r10.cpu):>14} "
                     f"{_paired(case.wall, r10.wall):>15} {frames[case.name]:>11.2f}"
                 )
-            after, warm = _python_after_commit(floor_conn, rows)
+            after, slept, warm = _python_after_commit(floor_conn, rows)
             print(
                 f"a step's envelope and row, built right after a floor commit: {after:.1f} µs "
-                f"CPU ({warm:.1f} µs built again at once, caches warm)"
+                f"CPU; after sleeping as long instead: {slept:.1f} µs; built again at once, "
+                f"caches warm: {warm:.1f} µs"
             )
             for case in cases:
                 case.conn.close()
