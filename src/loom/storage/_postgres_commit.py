@@ -65,6 +65,9 @@ class PostgresWrite(WriteRequest):
     count: int = 0
     #: (first sequence, ids as stored, checksums) of every envelope: proves an append landed.
     probe: tuple[int, Sequence[str], Sequence[str]] | None = None
+    #: The change cursor's advisory lock key if the statement may take it (it writes an index
+    #: row): a batch holding one takes that lock before anything else (see _lock_first).
+    cursor_lock: int | None = None
 
 
 def _lost(conn: Conn) -> bool:
@@ -297,6 +300,7 @@ class PostgresWriter:
         try:
             async with conn.pipeline() as pipeline:
                 await conn.execute("BEGIN")
+                await self._lock_first(conn, batch)
                 cursors = []
                 for req in batch:
                     cur = conn.cursor()
@@ -318,6 +322,7 @@ class PostgresWriter:
 
     async def _run_savepoints(self, conn: Conn, batch: list[PostgresWrite]) -> bool:
         await conn.execute("BEGIN")
+        await self._lock_first(conn, batch)
         for req in batch:
             req.error = None
             await conn.execute("SAVEPOINT loom_request")
@@ -334,6 +339,22 @@ class PostgresWriter:
                     await self._reread_head(conn, req)
             await conn.execute("RELEASE SAVEPOINT loom_request")
         return await self._commit(conn, batch)
+
+    async def _lock_first(self, conn: Conn, batch: list[PostgresWrite]) -> None:
+        """Take the locks a batch's statements would otherwise take out of the global order:
+        the change cursor's lock before any head (a statement takes it after its own head, so
+        a later one would lock its head while holding it: see _INDEX in _postgres_sql), and
+        the heads of a many-execution take-over with the others, in id order (its statement
+        locks them where its first id sorts, not where each one does)."""
+        key = next((r.cursor_lock for r in batch if r.cursor_lock is not None), None)
+        if key is not None:
+            await conn.execute("SELECT pg_advisory_xact_lock(%s)", (key,))
+        if any(r.kind == "take_over_many" for r in batch):
+            ids = sorted(
+                {e for r in batch for e in (r.params["eids"] if r.kind == "take_over_many" else [])}
+                | {r.execution_id for r in batch if r.kind != "take_over_many"}
+            )
+            await conn.execute(self._sql.lock_heads, (ids,))
 
     async def _commit(self, conn: Conn, batch: list[PostgresWrite]) -> bool:
         """COMMIT the batch; True if it is durable (False: every request was refused)."""

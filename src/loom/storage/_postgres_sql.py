@@ -192,7 +192,7 @@ MIGRATIONS: dict[int, tuple[Step, ...]] = {
 # statement fails), so the events need no RETURNING of their own. A refused one (rare) reads the
 # head afterwards to name its refusal, rather than every append reading it back.
 _APPEND = """
-WITH moved AS (
+WITH {lock}moved AS (
     {moved}
 ){blobs}, ins AS (
     INSERT INTO {{s}}.events
@@ -222,16 +222,24 @@ _BLOBS = """, blob AS (
 # a transaction that took 6 from the sequence and committed after it. So the cursor is taken
 # under a transaction-scoped advisory lock, held until COMMIT: summary-changing transactions
 # commit one at a time in cursor order (a step append takes no lock and writes no row). Under
-# group commit a whole batch takes the lock once. ``lk`` is read in the FROM of the insert, so
-# the lock is held before nextval() runs.
-_INDEX = """, lk AS (
-    SELECT pg_advisory_xact_lock(%(lock)s) FROM moved
-), idx AS (
+# group commit a whole batch takes the lock once, before anything else (see _postgres_commit).
+#
+# The lock comes BEFORE any head row, in every transaction that takes it: one that held a head
+# while waiting for the lock could deadlock with one holding the lock and waiting for that head
+# (a batch writing several executions, a lone take-over or start of one of them). Heads are
+# always locked after it, never before, so the cycle cannot form; a head that does not exist
+# yet (a start inserts it) cannot be locked ahead, so "heads first" could not be made whole.
+# ``_LOCK_FIRST`` takes it; ``_AFTER_LOCK`` is a condition of the head write that reads it, so
+# the lock is held before the head write looks at its row (an uncorrelated condition is
+# evaluated once, before the scan). The index row is inserted only if the head moved.
+_LOCK_FIRST = "lk AS (SELECT pg_advisory_xact_lock(%(lock)s)), "
+_AFTER_LOCK = "AND EXISTS (SELECT FROM lk)"
+_INDEX = """, idx AS (
     INSERT INTO {{s}}.executions AS x ({columns})
     SELECT %(x_eid)s, %(x_flow)s, %(x_version)s, %(x_status)s, %(x_waiting)s, %(x_parent)s,
            %(x_forked)s, %(x_created)s::float8, %(x_updated)s::float8,
            nextval('{{s}}.executions_cursor')
-    FROM lk
+    FROM moved
     ON CONFLICT (execution_id) DO UPDATE SET {update}
     RETURNING 1
 )"""
@@ -257,7 +265,8 @@ _INDEX_MARK_SET = (
 # How each kind of write moves the head: an append keeps the fence; a take-over advances it by
 # one from the fence it saw, and from fence 0 creates the head (a row of fence 0 never exists,
 # so a concurrent creator makes the INSERT do nothing, never overwrite). They are filled into
-# _APPEND as values, so their schema placeholder is a single-braced {s}.
+# _APPEND as values, so their schema placeholder is a single-braced {s}; {gate} is _AFTER_LOCK
+# for a write that takes the cursor lock (see _INDEX), else nothing.
 # Neither moves a head whose last event is terminal (nothing is appended after one).
 _NOT_ENDED = f"""NOT EXISTS (SELECT 1 FROM {{s}}.events WHERE execution_id = %(eid)s
     AND sequence = %(first)s - 1 AND type IN ({TERMINAL_SQL}))"""
@@ -266,7 +275,7 @@ _MOVE_APPEND = (
     WHERE execution_id = %(eid)s AND fence = %(fence)s AND next_sequence = %(first)s
     AND """
     + _NOT_ENDED
-    + """
+    + """ {gate}
     RETURNING execution_id"""
 )
 _MOVE_TAKE_OVER = (
@@ -274,11 +283,11 @@ _MOVE_TAKE_OVER = (
     WHERE execution_id = %(eid)s AND fence = %(from)s AND next_sequence = %(first)s
     AND """
     + _NOT_ENDED
-    + """
+    + """ {gate}
     RETURNING execution_id"""
 )
 _MOVE_CREATE = """INSERT INTO {s}.heads (execution_id, fence, next_sequence)
-    SELECT %(eid)s, %(fence)s, %(end)s WHERE %(from)s = 0 AND %(first)s = 0
+    SELECT %(eid)s, %(fence)s, %(end)s WHERE %(from)s = 0 AND %(first)s = 0 {gate}
     ON CONFLICT (execution_id) DO NOTHING
     RETURNING execution_id"""
 
@@ -293,16 +302,20 @@ _MANY_ROWS = """SELECT moved.execution_id, r.seq, r.eid, r.typ, r.payload, r.at,
          AS r(seq, eid, typ, payload, at, sum)"""
 
 # Many take-overs of distinct executions in one statement (a timer service firing a claimed
-# batch): the heads are locked in id order (as a group commit orders its requests, so batches
-# never deadlock), each moves as _MOVE_TAKE_OVER moves one, the events of the heads that moved are
-# inserted, and their index rows (a change of status, or none) upserted under the cursor lock
-# (see _INDEX). Returns the ids whose head moved; a request whose head did not wrote nothing.
+# batch): the cursor lock is taken first if any index row may change (see _INDEX), then the
+# heads are locked in id order (as a group commit orders its requests, so batches never
+# deadlock), each moves as _MOVE_TAKE_OVER moves one, the events of the heads that moved are
+# inserted, and their index rows (a change of status, or none) upserted under the cursor lock.
+# Returns the ids whose head moved; a request whose head did not wrote nothing.
 _TAKE_OVER_MANY = """
-WITH r AS (
+WITH lk AS (
+    SELECT pg_advisory_xact_lock(%(lock)s) WHERE cardinality(%(x_eids)s::text[]) > 0
+), r AS (
     SELECT * FROM unnest(%(eids)s::text[], %(froms)s::bigint[], %(firsts)s::bigint[],
                          %(ends)s::bigint[]) AS r(eid, from_fence, first, stop)
 ), locked AS (
     SELECT h.execution_id FROM {{s}}.heads h JOIN r ON h.execution_id = r.eid
+    WHERE (SELECT count(*) FROM lk) >= 0
     ORDER BY h.execution_id FOR UPDATE OF h
 ), moved AS (
     UPDATE {{s}}.heads h SET fence = r.from_fence + 1, next_sequence = r.stop
@@ -324,13 +337,11 @@ WITH r AS (
                            %(x_forked)s::text[], %(x_updated)s::float8[])
          AS c(eid, status, waiting, forked, updated)
     JOIN moved ON moved.execution_id = c.eid
-), lk AS (
-    SELECT pg_advisory_xact_lock(%(lock)s) WHERE EXISTS (SELECT 1 FROM xs)
 ), idx AS (
     INSERT INTO {{s}}.executions AS x ({columns})
     SELECT xs.eid, '', '', xs.status, xs.waiting, NULL, xs.forked, xs.updated, xs.updated,
            nextval('{{s}}.executions_cursor')
-    FROM xs, lk
+    FROM xs
     ON CONFLICT (execution_id) DO UPDATE SET {update}
     RETURNING 1
 )
@@ -453,6 +464,7 @@ class Statements:
     read: str
     probe: str
     probe_lock: str
+    lock_heads: str
     last: str
     current_fence: str
     snapshot_load: str
@@ -491,12 +503,20 @@ def statements(schema: str, *, notify: bool) -> Statements:
 
     def write(moved: str, rows: str, index: str = "", blobs: bool = False) -> str:
         notes = note
+        lock = ""
         if index:
             index = _INDEX.format(columns=SUMMARY_COLUMNS, update=index)
+            lock = _LOCK_FIRST
             if notify:
                 notes = f"{note} + {_NOTIFY_FEED}"
+        moved = moved.format(s="{s}", gate=_AFTER_LOCK if index else "")
         return _APPEND.format(
-            moved=moved, rows=rows, notify=notes, index=index, blobs=_BLOBS if blobs else ""
+            lock=lock,
+            moved=moved,
+            rows=rows,
+            notify=notes,
+            index=index,
+            blobs=_BLOBS if blobs else "",
         ).format(s=s)
 
     moves: tuple[tuple[EventWriteKind, str], ...] = (
@@ -538,6 +558,10 @@ def statements(schema: str, *, notify: bool) -> Statements:
         read=_READ.format(s=s),
         probe=_PROBE.format(s=s),
         probe_lock=f"SELECT 1 FROM {s}.heads WHERE execution_id = %s FOR SHARE",
+        lock_heads=(
+            f"SELECT 1 FROM {s}.heads WHERE execution_id = ANY(%s::text[]) "
+            "ORDER BY execution_id FOR UPDATE"
+        ),
         last=f"SELECT next_sequence FROM {s}.heads WHERE execution_id = %s",
         current_fence=f"SELECT fence FROM {s}.heads WHERE execution_id = %s",
         # The whole row first (kind 0), then its segments in order: one query.

@@ -438,6 +438,7 @@ class PostgresStore(PostgresBranches):
             execution_id=eids[0],
             sql=self._sql.take_over_many,
             params=params,
+            cursor_lock=self._cursor_lock if indexed else None,
         )
         try:
             moved = set(await self._submit(req))
@@ -593,6 +594,7 @@ class PostgresStore(PostgresBranches):
             count=len(envelopes),
             # The ids as stored: a lost COMMIT's probe matches the rows themselves.
             probe=(first, ids, sums),
+            cursor_lock=None if change is None else self._cursor_lock,
         )
         await self._submit(req)
 
