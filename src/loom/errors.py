@@ -215,8 +215,8 @@ class RetryableError(LoomError):
         seconds = retry_after.total_seconds() if isinstance(retry_after, timedelta) else retry_after
         if seconds is not None:
             seconds = float(seconds)
-            if not seconds >= 0:  # also refuses NaN
-                raise ValueError("retry_after must be a non-negative number of seconds")
+            if not 0 <= seconds < float("inf"):  # also refuses NaN
+                raise ValueError("retry_after must be a finite, non-negative number of seconds")
             details["retry_after"] = seconds
         super().__init__(message, execution_id=execution_id, hint=hint, **details)
         self.retry_after: float | None = seconds

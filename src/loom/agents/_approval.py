@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -85,6 +86,9 @@ class ApprovalPolicy:
     def __post_init__(self) -> None:
         if self.quorum < 1:
             raise ConfigurationError("ApprovalPolicy.quorum must be at least 1")
+        seconds = self.deadline_seconds
+        if seconds is not None and not math.isfinite(seconds):
+            raise ConfigurationError(f"ApprovalPolicy.deadline must be finite, not {seconds!r}")
         if self.approvers is not None:
             object.__setattr__(self, "approvers", tuple(self.approvers))
             if len(set(self.approvers)) < self.quorum:

@@ -11,6 +11,7 @@ stops at once, as it always did.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -138,6 +139,8 @@ def deadline_at(rt: WorkflowRuntime, deadline: timedelta | float | datetime) -> 
             raise ConfigurationError("a deadline datetime must be timezone-aware")
         return deadline.timestamp()
     seconds = deadline.total_seconds() if isinstance(deadline, timedelta) else float(deadline)
+    if not math.isfinite(seconds):
+        raise ConfigurationError(f"a deadline must be a finite number of seconds, not {seconds!r}")
     if seconds <= 0:
         raise ConfigurationError("a deadline must lie in the future")
     now: float = rt.clock.now()

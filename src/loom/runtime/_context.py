@@ -621,6 +621,9 @@ class WorkflowContext:
         ``timeout``, a gate whose deadline passes first raises :class:`GateTimedOutError`
         in the flow (which may catch it), and a later decision is refused.
         """
+        seconds = (
+            None if timeout is None else _seconds(timeout, "a gate's timeout", self.execution_id)
+        )
         self._enter()
         pos, op = self._take_position(OpKind.GATE, event_type)
         if op is None or op.status is not OpStatus.RESOLVED:
@@ -651,8 +654,8 @@ class WorkflowContext:
             )
             return await self._took(early)
         timeout_at = None
-        if timeout is not None:
-            timeout_at = self._driver.clock.now() + _seconds(timeout)
+        if seconds is not None:
+            timeout_at = self._driver.clock.now() + seconds
             # The timer is stored before the wait is logged: a crash in between leaves a timer
             # that finds nothing waiting (harmless), never a wait that nothing will end.
             await self._schedule(
@@ -726,11 +729,18 @@ class WorkflowContext:
     async def sleep(self, duration: timedelta | float) -> None:
         """Sleep durably. The execution suspends (no process is held) and a timer resumes it;
         the sleep survives restarts of every process."""
-        await self._sleep(lambda now: now + _seconds(duration))
+        seconds = _seconds(duration, "ctx.sleep's duration", self.execution_id)
+        await self._sleep(lambda now: now + seconds)
 
     async def sleep_until(self, when: datetime | float) -> None:
         """Sleep durably until ``when`` (an aware datetime or epoch seconds)."""
         at = when.timestamp() if isinstance(when, datetime) else float(when)
+        if not math.isfinite(at):
+            raise ConfigurationError(
+                f"ctx.sleep_until's time must be finite epoch seconds or a datetime, not {at!r}",
+                execution_id=self.execution_id,
+                hint="Pass a finite time; nothing was recorded",
+            )
         await self._sleep(lambda now: at)
 
     async def _sleep(self, fire_at_from: Callable[[float], float]) -> None:

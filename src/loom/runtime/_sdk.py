@@ -48,8 +48,19 @@ InputT = TypeVar("InputT")
 OutputT = TypeVar("OutputT")
 
 
-def _seconds(value: timedelta | float) -> float:
-    return value.total_seconds() if isinstance(value, timedelta) else float(value)
+def _seconds(
+    value: timedelta | float, what: str = "a duration", execution_id: str | None = None
+) -> float:
+    """``value`` in seconds; a NaN or infinite one is refused (ConfigurationError) before it
+    can become a timer that never fires or a record no store can keep."""
+    seconds = value.total_seconds() if isinstance(value, timedelta) else float(value)
+    if not math.isfinite(seconds):
+        raise ConfigurationError(
+            f"{what} must be a finite number of seconds, not {seconds!r}",
+            execution_id=execution_id,
+            hint="Pass a finite number of seconds or a timedelta; nothing was recorded",
+        )
+    return seconds
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +87,10 @@ class RetryPolicy:
     def __post_init__(self) -> None:
         if self.max_attempts < 1:
             raise ConfigurationError("RetryPolicy.max_attempts must be at least 1")
+        numbers = (self.initial_backoff, self.max_backoff, self.backoff_multiplier, self.jitter)
+        if not all(math.isfinite(n) for n in numbers):
+            # NaN passes every comparison below; an infinite backoff parks the step for good.
+            raise ConfigurationError("RetryPolicy backoffs, multiplier and jitter must be finite")
         if self.initial_backoff < 0 or self.max_backoff < 0 or self.backoff_multiplier < 1:
             raise ConfigurationError("RetryPolicy backoffs must be >= 0 and multiplier >= 1")
         if not 0.0 <= self.jitter <= 1.0:

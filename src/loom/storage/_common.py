@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import threading
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
@@ -30,7 +31,7 @@ from loom.model import (
 )
 from loom.model._events import as_event_type, has_derived_form
 from loom.model._state import LazyOps, merge_stored_ops, state_from_stored
-from loom.storage._spi import Snapshot
+from loom.storage._spi import Snapshot, Timer
 
 __all__ = [
     "SNAPSHOT_LIMITS",
@@ -42,6 +43,7 @@ __all__ = [
     "check_reserved",
     "check_snapshot",
     "check_take_over",
+    "check_timer",
     "decode_envelope",
     "decode_snapshot",
     "ended",
@@ -78,6 +80,12 @@ def batch_head(envelopes: Sequence[Envelope]) -> tuple[str, int, int]:
             raise ValueError("an append batch must carry one fence")
         if not env.payload_json:
             raise ValueError("envelopes must be built with Envelope.create (payload not encoded)")
+        if not math.isfinite(env.recorded_at):
+            raise _not_finite(
+                f"envelope {env.envelope_id!r} at sequence {env.sequence} has recorded_at "
+                f"{env.recorded_at!r}",
+                env.execution_id,
+            )
         if env.envelope_id != f"{env.execution_id}#{env.sequence}.{env.fence}":
             check_explicit_id(env)
     if first.sequence < 0:
@@ -85,6 +93,25 @@ def batch_head(envelopes: Sequence[Envelope]) -> tuple[str, int, int]:
     if first.fence < 1:
         raise ValueError("envelopes must carry a fence from acquire_fence() (fences start at 1)")
     return first.execution_id, first.sequence, first.fence
+
+
+def _not_finite(what: str, execution_id: str) -> PayloadError:
+    # NaN and the infinities have no JSON form and no order a timer or a feed can use (SQLite
+    # stores NaN as NULL, which its NOT NULL column then refuses under another name).
+    return PayloadError(
+        f"{what}: a stored time must be a finite number of epoch seconds; nothing was written",
+        execution_id=execution_id,
+        hint="Pass a finite time (time.time(), a clock's now())",
+    )
+
+
+def check_timer(timer: Timer) -> None:
+    """Refuse a timer that could never fire (or would fire at once, forever) before storing it."""
+    if not math.isfinite(timer.fire_at):
+        raise _not_finite(
+            f"the timer at position {timer.position} fires at {timer.fire_at!r}",
+            timer.execution_id,
+        )
 
 
 def check_explicit_id(env: Envelope) -> None:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from loom.model import PayloadLimits, decode_json, encode_json
 from loom.storage._blobs import check_blobs, check_hashes
+from loom.storage._common import check_timer
 from loom.storage._spi import Message, Timer
 
 __all__ = ["SQLiteSideTables"]
@@ -37,6 +38,7 @@ class SQLiteSideTables:
     # ---------------------------------------------------------------- TimerStore
 
     async def schedule_timer(self, timer: Timer) -> None:
+        check_timer(timer)
         row = (timer.execution_id, timer.position, timer.fire_at, timer.kind, timer.flow_id)
 
         def apply(conn: sqlite3.Connection) -> None:

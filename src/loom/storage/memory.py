@@ -42,6 +42,7 @@ from loom.storage._common import (
     check_snapshot,
     check_take_over,
     check_take_overs,
+    check_timer,
     ended,
     merge_segments,
     refusal_for,
@@ -297,6 +298,7 @@ class InMemoryStore:
 
     async def schedule_timer(self, timer: Timer) -> None:
         self._check_open()
+        check_timer(timer)
         with self._lock:
             self._timers[(timer.execution_id, timer.position)] = (timer, None, 0.0)
 

@@ -60,6 +60,7 @@ from loom.storage._common import (
     check_snapshot,
     check_take_over,
     check_take_overs,
+    check_timer,
     decode_envelope,
     decode_snapshot,
     ended,
@@ -847,6 +848,7 @@ class PostgresStore(PostgresBranches):
 
     async def schedule_timer(self, timer: Timer) -> None:
         """See :meth:`loom.storage.TimerStore.schedule_timer`."""
+        check_timer(timer)
         _storable(timer.execution_id, "execution id")
         _storable(timer.kind, "timer kind")
         _storable(timer.flow_id, "flow id")

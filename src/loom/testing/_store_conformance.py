@@ -21,6 +21,7 @@ from loom.errors import (
     DuplicateSequenceError,
     ExecutionAlreadyExistsError,
     ExecutionEndedError,
+    PayloadError,
     StaleFenceError,
     StartFencedOutError,
     StorageWriteError,
@@ -395,6 +396,45 @@ async def check_take_over_many(store: Store, reopen: Reopen | None) -> None:
     assert isinstance(again[0], StaleFenceError), again
     await _expect(ValueError, store.take_over_many([request("tm-020", 4)] * 2))
     await _expect(ValueError, store.take_over_many([([env("tm-new", 0, 1)], 0)]))
+
+
+@_check
+async def check_non_finite_times_are_refused(store: Store, reopen: Reopen | None) -> None:
+    """A record time of NaN or an infinity has no JSON form and no order (SQLite would store
+    NaN as NULL): every write path refuses it with PayloadError naming the execution, and
+    writes nothing of its batch."""
+    fence = await _start(store, "nf-live", 2)
+    for k, bad in enumerate((float("nan"), float("inf"), float("-inf"))):
+
+        def timed(eid: str, sequence: int, fence: int, at: float = bad) -> Envelope:
+            e = env(eid, sequence, fence)
+            return Envelope.create(eid, sequence, e.type, e.payload, fence=fence, recorded_at=at)
+
+        new = f"nf-new-{k}"
+        new_fence = await store.acquire_fence(new)
+        err = await _expect(PayloadError, store.append([timed(new, 0, new_fence)]))
+        assert getattr(err, "execution_id", None) == new, err
+        err = await _expect(
+            PayloadError, store.take_over([timed(f"nf-fresh-{k}", 0, 1)], from_fence=0)
+        )
+        assert getattr(err, "execution_id", None) == f"nf-fresh-{k}", err
+        # Only the batch's last record is bad: the whole batch is refused.
+        batch = [env("nf-live", 2, fence), timed("nf-live", 3, fence)]
+        err = await _expect(PayloadError, store.append(batch))
+        assert getattr(err, "execution_id", None) == "nf-live", err
+        await _expect(
+            PayloadError, store.take_over([timed("nf-live", 2, fence + 1)], from_fence=fence)
+        )
+        if isinstance(store, TakesOverMany):
+            good = ([env("nf-live", 2, fence + 1)], fence)
+            await _expect(
+                PayloadError, store.take_over_many([good, ([timed(new, 0, 2)], new_fence)])
+            )
+        for eid in (new, f"nf-fresh-{k}"):
+            assert await store.read(eid) == [], eid
+        assert await store.last_sequence("nf-live") == 1
+        assert await store.current_fence("nf-live") == fence
+    await store.append([env("nf-live", 2, fence)])  # the execution is untouched, and writable
 
 
 def _same_events(got: list[Envelope], want: list[Envelope]) -> bool:

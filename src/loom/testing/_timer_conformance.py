@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 
+from loom.errors import PayloadError
 from loom.storage import Timer, TimerStore
 
 __all__ = ["TIMER_CHECKS", "run_timer_store_conformance"]
@@ -106,3 +107,20 @@ async def run_timer_store_conformance(make_store: MakeTimerStore) -> list[str]:
                 await close()
         passed.append(name)
     return passed
+
+
+@_check
+async def check_non_finite_fire_times_are_refused(store: TimerStore) -> None:
+    """A timer at NaN or an infinity would never fire, or fire at once forever: refused with
+    PayloadError naming the execution, and nothing stored (an earlier timer stays)."""
+    await store.schedule_timer(Timer("nf", 1, 100.0))
+    for bad in (float("nan"), float("inf"), float("-inf")):
+        for eid, position in (("nf", 1), ("nf-other", 0)):
+            try:
+                await store.schedule_timer(Timer(eid, position, bad))
+            except PayloadError as exc:
+                assert exc.execution_id == eid, exc
+            else:
+                raise AssertionError(f"a timer at {bad!r} was accepted")
+    assert await store.next_timer_due() == 100.0
+    assert await store.claim_due_timers(1e12, owner="x", lease=10) == [Timer("nf", 1, 100.0)]
