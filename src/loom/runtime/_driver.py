@@ -85,7 +85,9 @@ class LeavesReplay(BaseException):
     """Raised in a flow whose take-over is still deferred (:class:`DeferredTakeOver`) when it
     reaches an operation that is not a replay of a settled record: the run stops there, the
     take-over is written alone, and the flow runs again from the durable state. Internal
-    control flow: nothing new (no step, wait, decision, child) ever runs while deferred."""
+    control flow: nothing new (no step, wait, decision, child) ever runs while deferred. A flow
+    that catches it anyway (a bare ``except:``) changes nothing: each later operation of that
+    run raises it again, and whatever the run then returns or raises is discarded."""
 
 
 @dataclasses.dataclass(slots=True, eq=False)
