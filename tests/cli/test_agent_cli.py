@@ -60,3 +60,23 @@ async def test_reject_from_the_cli_with_a_reason(tmp_path: Path) -> None:
     state = await _state(db, "cli-2")
     resumed = [op.output for op in state.ops.values() if op.name == "agents.approval"]
     assert resumed[0]["payload"]["reason"] == "not eligible"
+
+
+async def test_show_tells_an_agents_turns_votes_and_tools_in_words(tmp_path: Path) -> None:
+    db = tmp_path / "cli.db"
+    await _start(db, "cli-3")
+    app = ["--db", str(db), "--app", "tests.support.agent_app:AGENTS"]
+    assert loom_cli("approve", "cli-3", "--by", "alice", *app).returncode == 0
+    shown = run_child("loom.cli", "show", "cli-3", "--db", str(db), env={"COLUMNS": "200"})
+    assert shown.returncode == 0, shown.stderr
+    out = shown.stdout
+    for line in (
+        'support turn 1: calls inventory(sku="A"), inventory(sku="B") [tool_use]',
+        "tool inventory (attempt 1) -> result in message ",
+        'approval asked for refund(order="o-7", amount=20) from any 1 of alice, bob',
+        "approve by alice",
+        'support turn 3: says "Both in stock; o-7 refunded." [end_turn]',
+        "support completed after 3 turn(s)",
+    ):
+        assert line in out, (line, out)
+    assert '"fp"' not in out  # no raw payload JSON left for the agents' own events
