@@ -38,9 +38,9 @@ class TimeSkippingEnvironment:
     async def advance(self, delta: timedelta | float) -> int:
         """Move virtual time forward and fire every timer now due; return how many fired."""
         self.clock.advance(_seconds(delta))
-        before = len(self.timers.fired)
+        before = self.timers.fired_count
         await self.timers.run_due()
-        return len(self.timers.fired) - before
+        return self.timers.fired_count - before
 
     async def settle(self, handle: ExecutionHandle[Any]) -> ExecutionState:
         """Skip through timers until the execution ends or waits on something else (a gate
