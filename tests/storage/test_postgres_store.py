@@ -21,7 +21,7 @@ from loom.errors import (
     StorageWriteError,
 )
 from loom.model import Envelope, EventType
-from loom.storage import Snapshot, Store, _postgres_lean
+from loom.storage import Snapshot, Store, Timer, _postgres_lean
 from loom.storage import postgres as postgres_module
 from loom.storage._blobs import blob_hash
 from loom.storage._postgres_commit import PostgresWriter
@@ -478,6 +478,103 @@ async def test_a_lone_write_whose_answer_is_lost_is_recognised_though_records_fo
     finally:
         await racer.close()
     assert [e.fence for e in await store.read("landed")] == [fence] * 3 + [fence + 1]
+
+
+async def _waiting(store: PostgresStore, ids: list[str]) -> list[int]:
+    """Executions with one record each, under their first fence; the fences."""
+    fences = await asyncio.gather(*(store.acquire_fence(i) for i in ids))
+    await asyncio.gather(*(store.append([env(i, 0, f)]) for i, f in zip(ids, fences, strict=True)))
+    return list(fences)
+
+
+def _take_overs(ids: list[str], fences: list[int]) -> list[tuple[list[Envelope], int]]:
+    """A take-over of each (the first one's from a fence it does not hold: refused), one of
+    them ending its execution (so the batch writes an index row too)."""
+    requests: list[tuple[list[Envelope], int]] = []
+    for k, (i, f) in enumerate(zip(ids, fences, strict=True)):
+        seen = f + 1 if k == 0 else f
+        records = [env(i, 1, seen + 1)]
+        if k == 1:
+            records.append(env(i, 2, seen + 1, EventType.EXECUTION_COMPLETED, {"output": 1}))
+        requests.append((records, seen))
+    return requests
+
+
+def _losing_take_over_many(
+    store: PostgresStore, monkeypatch: pytest.MonkeyPatch, *, ran: bool
+) -> None:
+    """The connection of the take_over_many statement dies before its answer is read: after
+    the server ran it (autocommit: committed), or before it got there (nothing written)."""
+    execute = psycopg.AsyncCursor.execute
+
+    async def lose(self: Any, query: Any, params: Any = None, **kw: Any) -> Any:
+        if query != store._sql.take_over_many:
+            return await execute(self, query, params, **kw)
+        if ran:
+            await execute(self, query, params, **kw)
+        await self.connection.close()
+        raise psycopg.OperationalError("the answer was lost")
+
+    monkeypatch.setattr(psycopg.AsyncCursor, "execute", lose)
+
+
+async def test_a_take_over_many_whose_answer_is_lost_after_it_committed_is_acknowledged(
+    store: PostgresStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As for a lone append: the store probes for the records of each take-over and reports
+    the ones it finds written (the refused one refused), instead of "outcome unknown"."""
+    ids = [f"many-acked-{i}" for i in range(4)]
+    fences = await _waiting(store, ids)
+    _losing_take_over_many(store, monkeypatch, ran=True)
+    outcomes = await store.take_over_many(_take_overs(ids, fences))
+    monkeypatch.undo()
+    assert isinstance(outcomes[0], StaleFenceError), outcomes
+    assert outcomes[1:] == [None, None, None]
+    assert [await store.last_sequence(i) for i in ids] == [0, 2, 1, 1]
+    assert [await store.current_fence(i) for i in ids] == [
+        f + int(k > 0) for k, f in enumerate(fences)
+    ]
+
+
+async def test_a_take_over_many_lost_before_it_ran_is_reported_as_not_written(
+    store: PostgresStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ids = [f"many-lost-{i}" for i in range(3)]
+    fences = await _waiting(store, ids)
+    _losing_take_over_many(store, monkeypatch, ran=False)
+    with pytest.raises(StorageWriteError, match="nothing was written"):
+        await store.take_over_many(_take_overs(ids, fences))
+    monkeypatch.undo()
+    assert [await store.last_sequence(i) for i in ids] == [0, 0, 0]
+    # Nothing was written: the same take-overs go through now.
+    outcomes = await store.take_over_many(_take_overs(ids, fences))
+    assert outcomes[1:] == [None, None]
+
+
+async def test_a_coalesced_take_over_many_whose_commit_answer_is_lost_is_acknowledged(
+    store: PostgresStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A take_over_many in one transaction with a write that proves nothing (a timer): its
+    heads that moved are probed, so the batch is acknowledged, not left unknown."""
+    ids = [f"many-batch-{i}" for i in range(3)]
+    fences = await _waiting(store, ids)
+
+    async def commit_then_lose(self: PostgresWriter, conn: Any, batch: Any) -> bool:
+        assert {r.kind for r in batch} == {"take_over_many", "timer"}, batch
+        await conn.execute("COMMIT")
+        await conn.close()
+        return await self._resolve(batch, psycopg.OperationalError("answer to COMMIT lost"))
+
+    monkeypatch.setattr(PostgresWriter, "_commit", commit_then_lose)
+    outcomes, _ = await asyncio.gather(
+        store.take_over_many(_take_overs(ids, fences)),
+        store.schedule_timer(Timer(ids[2], 5, 1.0, "sleep", "f")),
+    )
+    monkeypatch.undo()
+    assert isinstance(outcomes[0], StaleFenceError), outcomes
+    assert outcomes[1:] == [None, None]
+    assert [await store.last_sequence(i) for i in ids] == [0, 2, 1]
+    assert await store.next_timer_due() == 1.0
 
 
 async def test_a_lone_write_held_up_by_a_lock_leaves_the_event_loop_running(

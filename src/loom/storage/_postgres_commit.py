@@ -24,6 +24,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -68,10 +69,21 @@ class PostgresWrite(WriteRequest):
     #: The change cursor's advisory lock key if the statement may take it (it writes an index
     #: row): a batch holding one takes that lock before anything else (see _lock_first).
     cursor_lock: int | None = None
+    #: A take_over_many's (execution id, first sequence, ids as stored, checksums) of each
+    #: take-over: proves which of them landed.
+    probe_many: Sequence[tuple[str, int, Sequence[str], Sequence[str]]] | None = None
 
 
 def _lost(conn: Conn) -> bool:
     return conn.closed or conn.broken
+
+
+def _proves(req: PostgresWrite) -> bool:
+    """Whether ``req``'s records being stored would prove its batch committed: an event write,
+    or a take_over_many that moved a head (or whose answer, which says so, was lost)."""
+    if req.kind == "take_over_many":
+        return req.probe_many is not None and (req.result is None or len(req.result) > 0)
+    return req.kind in _EVENT_WRITES
 
 
 def _refusal(req: PostgresWrite, current_fence: int, next_sequence: int) -> LoomError | None:
@@ -270,7 +282,9 @@ class PostgresWriter:
         # trip, so ``before_commit`` is crossed just before it (a crash there, as at any point
         # before COMMIT, leaves nothing written).
         faults.hit("before_commit")
-        encoded = None if lean is None else lean_values(req.sql, req.params)
+        # take_over_many's parameters are scalars too (JSON texts), but it answers with an array.
+        lone = lean is not None and req.kind != "take_over_many"
+        encoded = lean_values(req.sql, req.params) if lone else None
         row: tuple[Any, ...] | None
         try:
             if encoded is not None:
@@ -351,7 +365,7 @@ class PostgresWriter:
             await conn.execute("SELECT pg_advisory_xact_lock(%s)", (key,))
         if any(r.kind == "take_over_many" for r in batch):
             ids = sorted(
-                {e for r in batch for e in (r.params["eids"] if r.kind == "take_over_many" else [])}
+                {p[0] for r in batch if r.kind == "take_over_many" for p in r.probe_many or ()}
                 | {r.execution_id for r in batch if r.kind != "take_over_many"}
             )
             await conn.execute(self._sql.lock_heads, (ids,))
@@ -445,7 +459,7 @@ class PostgresWriter:
         committed or not.
         """
         self.check_pool()
-        probe = next((r for r in batch if r.kind in _EVENT_WRITES and r.error is None), None)
+        probe = next((r for r in batch if r.error is None and _proves(r)), None)
         landed = None if probe is None else await self._probe(probe)
         if landed:
             return True
@@ -464,6 +478,8 @@ class PostgresWriter:
         return False
 
     async def _probe(self, req: PostgresWrite) -> bool | None:
+        if req.kind == "take_over_many":
+            return await self._probe_many(req)
         assert req.probe is not None
         first, ids, sums = req.probe
         loop = asyncio.get_running_loop()
@@ -485,6 +501,43 @@ class PostgresWriter:
                         (req.execution_id, first, first + len(sums), list(ids), list(sums)),
                     )
                     return await cur.fetchone() is not None
+            except psycopg.Error:
+                if loop.time() + delay >= deadline:
+                    return None
+            await asyncio.sleep(delay)  # the server may be restarting: back off and ask again
+            delay = min(delay * 2, 1.0)
+
+    async def _probe_many(self, req: PostgresWrite) -> bool | None:
+        """Whether a take_over_many landed, and (its answer being lost with the COMMIT's) which
+        of its take-overs it wrote: those whose records are all stored, as for one append. It
+        is one transaction, so one of them found proves it committed; none found means that
+        nothing of it is stored (committed or not, it wrote nothing)."""
+        assert req.probe_many is not None
+        known = None if req.result is None else set(req.result)
+        wanted = [p for p in req.probe_many if known is None or p[0] in known]
+        document = json.dumps(
+            [{"eid": e, "first": f, "ids": list(i), "sums": list(c)} for e, f, i, c in wanted]
+        )
+        eids = sorted(p[0] for p in wanted)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.resolve_timeout
+        delay = 0.05
+        while True:
+            remaining = deadline - loop.time()
+            try:
+                conn = await psycopg.AsyncConnection.connect(
+                    self.dsn, autocommit=True, connect_timeout=max(1, round(remaining))
+                )
+                async with conn, conn.transaction():
+                    await conn.execute(
+                        f"SET LOCAL lock_timeout = '{max(1, int(remaining * 1000))}ms'"
+                    )
+                    await conn.execute(self._sql.probe_many_lock, (eids,))
+                    cur = await conn.execute(self._sql.probe_many, (document,))
+                    found = [str(row[0]) for row in await cur.fetchall()]
+                if req.result is None:
+                    req.result = found
+                return bool(found)
             except psycopg.Error:
                 if loop.time() + delay >= deadline:
                     return None

@@ -24,6 +24,7 @@ A store is bound to the event loop that opened it (its pool is an asyncio pool).
 from __future__ import annotations
 
 import asyncio
+import json
 from collections import Counter
 from collections.abc import AsyncIterator, Collection, Iterable, Mapping, Sequence
 from typing import Any
@@ -119,6 +120,16 @@ def _storable(value: str, what: str) -> None:
         value.encode()
     except UnicodeEncodeError as exc:
         raise PayloadError(f"{what} is not valid UTF-8 text: {exc}") from exc
+
+
+_json_encoder = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+
+
+def _json_rows(rows: Iterable[list[Any]]) -> str:
+    """``rows`` as one JSON array of arrays: a statement's rows as a single text parameter
+    (see ``_TAKE_OVER_MANY``). Every text in them passed ``_storable``, so it is valid UTF-8
+    without NUL, which ``jsonb`` refuses."""
+    return _json_encoder.encode(list(rows))
 
 
 def _storable_text(value: str) -> bool:
@@ -393,6 +404,9 @@ class PostgresStore(PostgresBranches):
             if change is not None and (change.started or change.status is None):
                 alone.append(i)
             else:
+                if change is not None:
+                    _storable(change.waiting_for or "", "summary field")
+                    _storable(change.forked_from or "", "summary field")
                 batched.append(i)
                 changes.append(change)
         if alone:
@@ -404,31 +418,40 @@ class PostgresStore(PostgresBranches):
         batched = [batched[k] for k in order]
         changes = [changes[k] for k in order]
         eids = [heads[i][0] for i in batched]
-        firsts = [heads[i][1] for i in batched]
-        froms = [requests[i][1] for i in batched]
-        envs = [e for i in batched for e in requests[i][0]]
+        probes: list[tuple[str, int, list[str], list[str]]] = []
+        rows: list[list[Any]] = []
+        for i in batched:
+            envelopes = requests[i][0]
+            eid, first = heads[i]
+            # A derived id is stored empty (schema rung 10), as on every other write path.
+            ids = [
+                "" if e.envelope_id == f"{eid}#{e.sequence}.{e.fence}" else e.envelope_id
+                for e in envelopes
+            ]
+            sums = [e.checksum() for e in envelopes]
+            probes.append((eid, first, ids, sums))
+            rows.extend(
+                [eid, e.sequence, i, str(e.type), e.payload_json, e.recorded_at, e.fence, c]
+                for e, i, c in zip(envelopes, ids, sums, strict=True)
+            )
         indexed = [c for c in changes if c is not None]
         params: dict[str, Any] = {
-            "eids": eids,
-            "froms": froms,
-            "firsts": firsts,
-            "ends": [firsts[k] + len(requests[i][0]) for k, i in enumerate(batched)],
-            "v_eids": [e.execution_id for e in envs],
-            "seqs": [e.sequence for e in envs],
-            "ids": [
-                "" if e.envelope_id == f"{e.execution_id}#{e.sequence}.{e.fence}" else e.envelope_id
-                for e in envs
-            ],
-            "types": [str(e.type) for e in envs],
-            "payloads": [e.payload_json for e in envs],
-            "ats": [e.recorded_at for e in envs],
-            "fences": [e.fence for e in envs],
-            "sums": [e.checksum() for e in envs],
-            "x_eids": [c.execution_id for c in indexed],
-            "x_status": [c.status.value if c.status is not None else None for c in indexed],
-            "x_waiting": [c.waiting_for for c in indexed],
-            "x_forked": [c.forked_from for c in indexed],
-            "x_updated": [c.updated_at for c in indexed],
+            "heads": _json_rows(
+                [eid, requests[i][1], first, first + len(requests[i][0])]
+                for (eid, first, _, _), i in zip(probes, batched, strict=True)
+            ),
+            "events": _json_rows(rows),
+            "index": _json_rows(
+                [
+                    c.execution_id,
+                    c.status.value if c.status is not None else None,
+                    c.waiting_for,
+                    c.forked_from,
+                    c.updated_at,
+                ]
+                for c in indexed
+            ),
+            "indexed": bool(indexed),
             "lock": self._cursor_lock,
             "channel": self._channel,
             "feed": FEED_KEY,
@@ -440,6 +463,8 @@ class PostgresStore(PostgresBranches):
             sql=self._sql.take_over_many,
             params=params,
             cursor_lock=self._cursor_lock if indexed else None,
+            # The ids as stored: a lost COMMIT's probe matches the rows themselves.
+            probe_many=probes,
         )
         try:
             moved = set(await self._submit(req))
