@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import math
 import os
 import sqlite3
 import threading
@@ -571,6 +572,9 @@ class SQLiteStore(SQLiteBranches, SQLiteIndexReads, SQLiteSideTables):
             or self.read_only
             or self._broken is not None
             or env.envelope_id != f"{execution_id}#{sequence}.{fence}"
+            # The general path refuses a NaN or infinite time (batch_head); written here, NaN
+            # became NULL, refused as a duplicate envelope id, and an infinity was stored.
+            or not math.isfinite(env.recorded_at)
         ):
             return False
         loop = asyncio.get_running_loop()

@@ -418,6 +418,9 @@ async def check_non_finite_times_are_refused(store: Store, reopen: Reopen | None
             PayloadError, store.take_over([timed(f"nf-fresh-{k}", 0, 1)], from_fence=0)
         )
         assert getattr(err, "execution_id", None) == f"nf-fresh-{k}", err
+        # One step's record alone (a store's fastest path, SQLite's lone append) as well.
+        err = await _expect(PayloadError, store.append([timed("nf-live", 2, fence)]))
+        assert getattr(err, "execution_id", None) == "nf-live", err
         # Only the batch's last record is bad: the whole batch is refused.
         batch = [env("nf-live", 2, fence), timed("nf-live", 3, fence)]
         err = await _expect(PayloadError, store.append(batch))
