@@ -577,6 +577,92 @@ async def test_a_coalesced_take_over_many_whose_commit_answer_is_lost_is_acknowl
     assert await store.next_timer_due() == 1.0
 
 
+async def test_a_lost_take_over_many_is_not_mistaken_for_a_racers_records(
+    store: PostgresStore, pg_dsn: str, schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Our take_over_many is lost before it ran, while a racer took the same executions over
+    from the same fences: its records sit at our sequences under our new fences, and derived
+    ids are stored empty, so only the checksums tell them apart. Ours must be reported not
+    written (acknowledging it would claim take-overs that never happened)."""
+    ids = [f"many-race-{i}" for i in range(2)]
+    fences = await _waiting(store, ids)
+
+    def take_overs(output: str) -> list[tuple[list[Envelope], int]]:
+        return [
+            ([env(i, 1, f + 1, payload={"position": 1, "step_id": "s", "output": output})], f)
+            for i, f in zip(ids, fences, strict=True)
+        ]
+
+    racer = await PostgresStore.open(pg_dsn, schema=schema)  # another process's store
+    execute = psycopg.AsyncCursor.execute
+
+    async def racer_first(self: Any, query: Any, params: Any = None, **kw: Any) -> Any:
+        if query != store._sql.take_over_many or self.connection is not store._writer._held:
+            return await execute(self, query, params, **kw)
+        for (records, seen), _ in zip(take_overs("theirs"), ids, strict=True):
+            await racer.take_over(records, from_fence=seen)
+        await self.connection.close()
+        raise psycopg.OperationalError("the answer was lost")
+
+    try:
+        monkeypatch.setattr(psycopg.AsyncCursor, "execute", racer_first)
+        with pytest.raises(StorageWriteError, match="nothing was written"):
+            await store.take_over_many(take_overs("ours"))
+        monkeypatch.undo()
+    finally:
+        await racer.close()
+    for i in ids:
+        assert [e.payload.get("output") for e in await store.read(i, from_sequence=1)] == [
+            "theirs"
+        ]
+
+
+async def test_a_lost_take_over_many_is_probed_only_once_its_transaction_is_gone(
+    store: PostgresStore, pg_dsn: str, schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The session that ran our take_over_many died with its transaction still open (the
+    server has not noticed yet): the probe must wait for that transaction (a share lock on the
+    heads it holds) before looking, or it reports "nothing was written" for a write that then
+    commits."""
+    ids = [f"many-open-{i}" for i in range(2)]
+    fences = await _waiting(store, ids)
+    execute = psycopg.AsyncCursor.execute
+    open_tx = await psycopg.AsyncConnection.connect(pg_dsn)  # the "dead" session's transaction
+
+    async def ran_uncommitted(self: Any, query: Any, params: Any = None, **kw: Any) -> Any:
+        if query != store._sql.take_over_many or self.connection is open_tx:
+            return await execute(self, query, params, **kw)
+        await open_tx.execute(query, params)  # BEGIN (not autocommit), left open
+        await self.connection.close()
+        raise psycopg.OperationalError("the answer was lost")
+
+    async def probe_waits() -> bool:
+        async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
+            cur = await conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                "AND query LIKE '%%FOR SHARE%%' AND position(%s in query) > 0",
+                (schema,),
+            )
+            row = await cur.fetchone()
+        return row is not None and row[0] > 0
+
+    async def commit_once_the_probe_waits() -> None:
+        await until(probe_waits, "the probe waiting for the open transaction")
+        await open_tx.commit()
+
+    try:
+        monkeypatch.setattr(psycopg.AsyncCursor, "execute", ran_uncommitted)
+        requests = [([env(i, 1, f + 1)], f) for i, f in zip(ids, fences, strict=True)]
+        outcomes, _ = await asyncio.gather(
+            store.take_over_many(requests), commit_once_the_probe_waits()
+        )
+        monkeypatch.undo()
+    finally:
+        await open_tx.close()
+    assert outcomes == [None, None]
+    assert [await store.current_fence(i) for i in ids] == [f + 1 for f in fences]
+
+
 async def test_a_lone_write_held_up_by_a_lock_leaves_the_event_loop_running(
     store: PostgresStore, pg_dsn: str, schema: str
 ) -> None:
