@@ -612,9 +612,7 @@ async def test_a_lost_take_over_many_is_not_mistaken_for_a_racers_records(
     finally:
         await racer.close()
     for i in ids:
-        assert [e.payload.get("output") for e in await store.read(i, from_sequence=1)] == [
-            "theirs"
-        ]
+        assert [e.payload.get("output") for e in await store.read(i, from_sequence=1)] == ["theirs"]
 
 
 async def test_a_lost_take_over_many_is_probed_only_once_its_transaction_is_gone(
