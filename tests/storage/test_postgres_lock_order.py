@@ -282,3 +282,28 @@ async def test_a_batch_holding_a_take_over_many_locks_every_head_in_id_order(
     a, took_d = many_outcomes
     assert a is None
     assert [d, took_d].count(None) == 1, (d, took_d)
+
+
+async def test_a_take_over_many_holds_the_cursor_lock_until_it_commits(rig: Rig) -> None:
+    # A take_over_many that writes index rows takes its change cursor under the lock, as a lone
+    # take-over does: without it, another summary change could take a later cursor and commit
+    # first, and a feed reader past that cursor would never see this one's.
+    fences = {}
+    for eid in ("dl-b", "dl-a"):  # created in the other order: their first cursors too
+        fences[eid] = await rig.batch.acquire_fence(eid)
+        await rig.batch.append([env(eid, 0, fences[eid]), env(eid, 1, fences[eid])])
+    _hold(rig, "executions", "dl-a")
+
+    def recovered(eid: str) -> list[Envelope]:
+        return [env(eid, 2, fences[eid] + 1, EventType.EXECUTION_RECOVERED)]
+
+    many = rig.batch.take_over_many([(recovered("dl-a"), fences["dl-a"])])
+    lone = rig.lone.take_over(recovered("dl-b"), from_fence=fences["dl-b"])
+    outcomes, alone = await _race(rig, [many], lone)
+    _no_deadlock([outcomes, alone])
+    assert outcomes == [None] and alone is None, (outcomes, alone)
+    with psycopg.connect(rig.dsn, autocommit=True) as conn:
+        rows = conn.execute(
+            f'SELECT execution_id FROM "{rig.schema}".executions ORDER BY cursor'
+        ).fetchall()
+    assert [r[0] for r in rows] == ["dl-a", "dl-b"]  # cursors in commit order
