@@ -201,3 +201,92 @@ async def test_a_lone_append_wakes_its_waiters(
     assert lone.taken == 1
     assert await asyncio.wait_for(waiting, 10) == 1
     await store.close()
+
+
+async def _refusals_after_own_tail(store: SQLiteStore) -> list[tuple[type[BaseException], str]]:
+    """Each refusal met right after this store's own lone append of the execution's tail
+    (what the store remembers of it, see ``SQLiteStore._tails``)."""
+    seen: list[tuple[type[BaseException], str]] = []
+
+    async def refused(env: Envelope) -> None:
+        with pytest.raises(LoomError) as info:
+            await store.append([env])
+        seen.append((type(info.value), str(info.value)))
+
+    older = await store.acquire_fence("t")
+    fence = await store.acquire_fence("t")
+    await store.append([_start("t", fence)])
+    await store.append([_step("t", 1, fence)])
+    await refused(_step("t", 1, fence))  # a duplicate sequence
+    await store.append([_step("t", 2, fence)])
+    await refused(_step("t", 4, fence))  # a gap
+    await store.append([_step("t", 3, fence)])
+    await refused(_step("t", 4, fence + 1))  # a fence never issued
+    await store.append([_step("t", 4, fence)])
+    await refused(_step("t", 5, older))  # an older fence
+    return seen
+
+
+async def test_a_remembered_tail_refuses_what_the_general_path_refuses(tmp_path: Path) -> None:
+    lone_store, general_store = SQLiteStore(tmp_path / "lone.db"), SQLiteStore(tmp_path / "gen.db")
+    lone, general = _Lone(lone_store), _Lone(general_store, off=True)
+    on_lone = await _refusals_after_own_tail(lone_store)
+    on_general = await _refusals_after_own_tail(general_store)
+    assert on_lone == on_general
+    assert [kind for kind, _ in on_lone] == [
+        DuplicateSequenceError,
+        DuplicateSequenceError,
+        StaleFenceError,
+        StaleFenceError,
+    ]
+    assert lone.taken == 8 and general.taken == 0
+    assert _rows(tmp_path / "lone.db") == _rows(tmp_path / "gen.db")
+    await lone_store.close()
+    await general_store.close()
+
+
+async def test_another_connections_commit_makes_the_lone_append_read_the_tail(
+    tmp_path: Path,
+) -> None:
+    """The tail this store wrote last is trusted only while no other connection committed:
+    a record or a fence written by another process in between is seen and refused on."""
+    path = tmp_path / "other.db"
+    store, other = SQLiteStore(path), SQLiteStore(path)  # other: another process's store
+    lone = _Lone(store)
+    fence = await store.acquire_fence("o")
+    await store.append([_start("o", fence)])
+    await store.append([_step("o", 1, fence)])
+    await other.append([_step("o", 2, fence)])  # a second writer under the same fence
+    with pytest.raises(DuplicateSequenceError):
+        await store.append([_step("o", 2, fence)])
+    await store.append([_step("o", 3, fence)])
+    with sqlite3.connect(path) as conn:  # another holder moved the fence
+        conn.execute("UPDATE loom_heads SET fence = fence + 1 WHERE execution_id = 'o'")
+    with pytest.raises(StaleFenceError):
+        await store.append([_step("o", 4, fence)])
+    assert lone.taken == 4
+    assert [e.sequence for e in await store.read("o")] == [0, 1, 2, 3]
+    await store.close()
+    await other.close()
+
+
+async def test_a_new_writer_connection_reads_the_tail_again(tmp_path: Path) -> None:
+    """A writer connection opened anew (as in a forked child) starts from a data_version that
+    may equal the one the remembered tails were read under: they are forgotten with the old
+    connection, so a fence moved meanwhile by another connection is still seen."""
+    path = tmp_path / "reopen.db"
+    store = SQLiteStore(path)
+    fence = await store.acquire_fence("n")
+    await store.append([_start("n", fence)])
+    await store.append([_step("n", 1, fence)])
+    assert "n" in store._tails
+    with sqlite3.connect(path) as conn:
+        conn.execute("UPDATE loom_heads SET fence = fence + 1 WHERE execution_id = 'n'")
+    old = store._writer
+    assert old is not None
+    store._writer_pid = 0  # the next write opens its own connection, as after fork
+    with pytest.raises(StaleFenceError):
+        await store.append([_step("n", 2, fence)])
+    assert store._writer is not old
+    old.close()
+    await store.close()

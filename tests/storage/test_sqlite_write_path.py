@@ -34,9 +34,12 @@ async def test_an_uncontended_append_is_begin_one_read_insert_commit(tmp_path: P
         await store.append([_env("e", seq, fence)])
     store._writer_conn().set_trace_callback(None)
     verbs = [s.split()[0].upper() for s in seen]
-    assert len(verbs) == 4 * 20, seen
-    assert verbs[:4] == ["BEGIN", "SELECT", "INSERT", "COMMIT"]
-    assert not any(v == "PRAGMA" for v in verbs)  # no busy-timeout toggling per commit
+    # The first reads the fence and the tail; the others find no other connection committed
+    # since (data_version) and use the tail this writer wrote: one statement each.
+    assert len(verbs) == 5 + 4 * 19, seen
+    assert verbs[:5] == ["BEGIN", "PRAGMA", "SELECT", "INSERT", "COMMIT"]
+    assert verbs[5:] == ["BEGIN", "PRAGMA", "INSERT", "COMMIT"] * 19
+    assert all(s == "PRAGMA data_version" for s in seen if s.startswith("PRAGMA"))  # no toggling
     assert await store.last_sequence("e") == 20
     await store.close()
 

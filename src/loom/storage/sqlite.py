@@ -118,6 +118,10 @@ def _forked() -> None:
 
 os.register_at_fork(after_in_child=_forked)
 
+#: How many executions' tails the lone append keeps (see SQLiteStore._tails): enough for every
+#: execution stepping at once in a busy process; beyond it they are forgotten and read again.
+_TAILS_KEPT = 4096
+
 # What an attempt to begin a write transaction without waiting found.
 _BEGUN, _BUSY, _FAILED = object(), object(), object()
 
@@ -185,6 +189,12 @@ class SQLiteStore(SQLiteBranches, SQLiteIndexReads, SQLiteSideTables):
         self._writer_cursor: sqlite3.Cursor | None = None
         self._writer_lock = threading.Lock()
         self._writer_pid = 0
+        #: What the lone append knows of some executions' tails (see _append_lone): fence, last
+        #: sequence and type per execution id, exact while the writer connection's
+        #: ``data_version`` is ``_tails_version`` (no other connection committed since) and no
+        #: other write went through the writer (``_run_batch`` clears it). Under _writer_lock.
+        self._tails: dict[str, tuple[int, int, str]] = {}
+        self._tails_version = -1
         self._broken: BaseException | None = None
         self._closed = False
         memory = self.path == ":memory:"
@@ -273,6 +283,10 @@ class SQLiteStore(SQLiteBranches, SQLiteIndexReads, SQLiteSideTables):
             self._writer_pid = pid
             # Reused by the lone append (see _append_lone): conn.execute makes a cursor a call.
             self._writer_cursor = conn.cursor()
+            # A new connection's data_version says nothing about what the tails were read
+            # under (a forked child inherits the parent's, whose writes it never sees).
+            self._tails = {}
+            self._tails_version = -1
         return self._writer
 
     def _writer_thread(self) -> concurrent.futures.ThreadPoolExecutor:
@@ -448,6 +462,9 @@ class SQLiteStore(SQLiteBranches, SQLiteIndexReads, SQLiteSideTables):
         begun: bool,
         fault_crossed: bool = False,
     ) -> None:
+        # Any of these writes may move a fence or a tail the lone append remembers (a start, a
+        # take-over, a fork, an outcome): it reads them from the file again.
+        self._tails.clear()
         if self._broken is not None:
             self._fail_all(batch, StorageWriteError(f"the SQLite writer for {self.path} stopped"))
             return
@@ -608,9 +625,23 @@ class SQLiteStore(SQLiteBranches, SQLiteIndexReads, SQLiteSideTables):
             try:
                 # The checks of _append_write's apply: the fence and the tail read inside the
                 # write transaction; the row as event_row writes it (derived id stored empty).
-                current_fence, last, last_type = cur.execute(
-                    APPEND_CHECK, (execution_id,)
-                ).fetchone()
+                # The fence and tail this writer itself committed last for the execution are
+                # still the file's when no other connection has committed since (data_version,
+                # read inside this transaction, is as it was then: SQLite's own contract) and
+                # no other write of this store has run (_run_batch forgets them): then they are
+                # not read again, one statement instead of three seeks.
+                tails = self._tails
+                version = cur.execute("PRAGMA data_version").fetchone()[0]
+                if version != self._tails_version:
+                    tails.clear()
+                    self._tails_version = version
+                known = tails.pop(execution_id, None)
+                if known is None:
+                    current_fence, last, last_type = cur.execute(
+                        APPEND_CHECK, (execution_id,)
+                    ).fetchone()
+                else:
+                    current_fence, last, last_type = known
                 if current_fence != fence or last != sequence - 1:
                     error = refusal_for(
                         execution_id,
@@ -659,6 +690,12 @@ class SQLiteStore(SQLiteBranches, SQLiteIndexReads, SQLiteSideTables):
                     conn.execute("ROLLBACK")
                 error = self._write_error("COMMIT failed; the writer stopped", exc)
                 return True
+            # Committed: this record is the execution's tail now (nothing else moved: the
+            # transaction held the write lock). Remembered only here, so any refusal or failure
+            # above leaves the execution unknown (popped) and read again next time.
+            if len(tails) >= _TAILS_KEPT:
+                tails.clear()
+            tails[execution_id] = (fence, sequence, env.type)
             try:
                 faults.hit("after_append_before_ack")
             except BaseException as exc:
