@@ -11,6 +11,8 @@ interleaved round by round (a load change on a shared machine hits every row ali
 * ``rung 10``: this build: ``_sqlite_sql.APPEND_CHECK`` (three scalar subqueries) and the
   ``INSERT`` with the derived id stored empty, into the rebuilt table whose partial index holds
   explicit ids only.
+* ``lone``: rung 10 as this build's lone append runs a step whose tail it wrote itself with no
+  other connection's commit since: ``PRAGMA data_version`` instead of the check's three seeks.
 * ``rowid``: a candidate rung 11, not built: the head row holds a number per execution and
   the events are the rowids ``number << 32 | sequence`` of a rowid table (no execution id in
   the row; the newest execution appends at the table's right edge, where SQLite splits a full
@@ -51,6 +53,9 @@ APPEND_CHECK_RUNG_9 = (
     "FROM (SELECT 1) LEFT JOIN (SELECT sequence, type FROM loom_events "
     "WHERE execution_id = ?1 ORDER BY sequence DESC LIMIT 1) AS t"
 )
+# What a lone step checks when the store wrote the execution's tail itself and no other
+# connection has committed since (the tail and fence it remembers are then the file's).
+DATA_VERSION = "PRAGMA data_version"
 PAYLOAD = '{"position":1,"step_id":"noop","attempt":1,"output":null}'
 HEADS, EVENTS_V1 = MIGRATIONS[1][0], MIGRATIONS[1][1]
 EVENTS_V10 = EVENTS_V1.replace(" UNIQUE", "")
@@ -167,7 +172,7 @@ def _event_case(name: str, conn: sqlite3.Connection, *, derived: bool, check: st
 
     def commit(row: tuple[Any, ...]) -> None:
         conn.execute("BEGIN IMMEDIATE")
-        conn.execute(check, (x,)).fetchone()
+        conn.execute(check, () if check == DATA_VERSION else (x,)).fetchone()
         conn.execute(INSERT_EVENT, row)
         conn.execute("COMMIT")
 
@@ -274,12 +279,14 @@ def main(rounds: int, rows: int) -> None:
 
             r9 = _connect(d / "r9.db", synchronous, [HEADS, EVENTS_V1])
             r10 = _connect(d / "r10.db", synchronous, [HEADS, EVENTS_V10, PARTIAL])
+            lone = _connect(d / "lone.db", synchronous, [HEADS, EVENTS_V10, PARTIAL])
             rowid_ddl = [HEADS_ROWID, EVENTS_ROWID, PARTIAL_ROWID]
             rowid = _connect(d / "rowid.db", synchronous, rowid_ddl)
             cases = [
                 Case("floor", floor_conn, lambda i: (PAYLOAD,), floor_commit),
                 _event_case("rung 9", r9, derived=False, check=APPEND_CHECK_RUNG_9),
                 _event_case("rung 10", r10, derived=True, check=APPEND_CHECK),
+                _event_case("lone", lone, derived=True, check=DATA_VERSION),
                 _rowid_case("rowid", rowid),
             ]
             for case in cases:
