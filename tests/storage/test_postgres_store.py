@@ -857,3 +857,26 @@ def _expect_other_loop_refused(store: PostgresStore) -> None:
     # A write too, though its path skips the open check once the pool is open.
     with pytest.raises(ConfigurationError, match="event loop"):
         asyncio.run(store.acquire_fence("x"))
+
+
+async def test_a_take_over_many_stores_each_record_time_exactly(store: PostgresStore) -> None:
+    """take_over_many sends its rows as JSON texts: every time must come back the same float
+    (the checksum covers its repr), however many digits or whatever exponent it has."""
+    times = [1796171337.3432002, 0.1 + 0.2, 5e-324, 1.7976931348623157e308, 1e-7, 123456789.0]
+    ids = [f"many-time-{k}" for k in range(len(times))]
+    fences = await _waiting(store, ids)
+    requests = [
+        (
+            [
+                Envelope.create(
+                    i, 1, EventType.STEP_COMPLETED, {"output": k}, fence=f + 1, recorded_at=at
+                )
+            ],
+            f,
+        )
+        for k, (i, f, at) in enumerate(zip(ids, fences, times, strict=True))
+    ]
+    assert await store.take_over_many(requests) == [None] * len(ids)
+    for i, at in zip(ids, times, strict=True):
+        stored = (await store.read(i, from_sequence=1))[0]
+        assert stored.recorded_at == at, (i, stored.recorded_at, at)
