@@ -307,3 +307,49 @@ async def test_a_take_over_many_holds_the_cursor_lock_until_it_commits(rig: Rig)
             f'SELECT execution_id FROM "{rig.schema}".executions ORDER BY cursor'
         ).fetchall()
     assert [r[0] for r in rows] == ["dl-a", "dl-b"]  # cursors in commit order
+
+
+async def test_a_batch_holding_a_take_over_many_takes_no_head_before_an_earlier_one(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The batch's take-over of dl-a and dl-d and its append to dl-c: every head is locked in id
+    # order before any statement runs, so it waits for dl-a (held by another batch, which goes
+    # on to dl-c) holding nothing. Locking only its other requests' heads first (dl-c), then
+    # the take-over's (dl-a), it would hold dl-c while waiting for dl-a: a deadlock.
+    replayed: list[list[str]] = []
+    replay = PostgresWriter._run_savepoints
+
+    async def record(self: PostgresWriter, conn: Any, batch: list[PostgresWrite]) -> bool:
+        replayed.append([r.execution_id for r in batch])
+        return await replay(self, conn, batch)
+
+    monkeypatch.setattr(PostgresWriter, "_run_savepoints", record)
+    fences = {}
+    for eid in ("dl-a", "dl-c", "dl-d"):
+        fences[eid] = await rig.batch.acquire_fence(eid)
+        await rig.batch.append([env(eid, 0, fences[eid]), env(eid, 1, fences[eid])])
+    _hold(rig, "events", "dl-a", rig.lone)
+    other = [rig.lone.append([env(e, 2, fences[e])]) for e in ("dl-a", "dl-c")]
+
+    async def batch() -> list[object]:  # started by _race, not before
+        many = rig.batch.take_over_many(
+            [
+                ([env(e, 2, fences[e] + 1, EventType.STEP_STARTED)], fences[e])
+                for e in ("dl-a", "dl-d")
+            ]
+        )
+        late = rig.batch.append([env("dl-c", 2, fences["dl-c"])])
+        return list(await asyncio.gather(many, late, return_exceptions=True))
+
+    a, c, outcome = await _race(rig, other, batch(), swap=True)
+    assert isinstance(outcome, list), repr(outcome)
+    many_outcomes, late = outcome
+    _no_deadlock([a, c, many_outcomes, late])
+    assert replayed == [], f"a batch statement raised (a deadlock): {replayed}"
+    assert a is None and c is None
+    # The other batch wrote sequence 2 of dl-a and dl-c first.
+    assert isinstance(late, DuplicateSequenceError), repr(late)
+    assert isinstance(many_outcomes, list), repr(many_outcomes)
+    took_a, took_d = many_outcomes
+    assert isinstance(took_a, DuplicateSequenceError | StaleFenceError), repr(took_a)
+    assert took_d is None
