@@ -353,3 +353,33 @@ async def test_a_batch_holding_a_take_over_many_takes_no_head_before_an_earlier_
     took_a, took_d = many_outcomes
     assert isinstance(took_a, DuplicateSequenceError | StaleFenceError), repr(took_a)
     assert took_d is None
+
+
+async def test_a_batch_holding_an_indexed_take_over_many_takes_the_cursor_lock_first(
+    rig: Rig,
+) -> None:
+    # The batch's step append to dl-0 sorts first; its take_over_many changes dl-a's status, so
+    # it takes the cursor lock. Taken only in that statement, after the batch locked every head
+    # (dl-0, dl-a, dl-b), it would be waited for while holding dl-a, which the lone take-over
+    # of dl-a (holding the cursor lock) waits for.
+    fences = {}
+    for eid in ("dl-0", "dl-a", "dl-b"):
+        fences[eid] = await rig.batch.acquire_fence(eid)
+        await rig.batch.append([env(eid, 0, fences[eid]), env(eid, 1, fences[eid])])
+    _hold(rig, "events", "dl-0")
+
+    def recovered(eid: str) -> list[Envelope]:
+        return [env(eid, 2, fences[eid] + 1, EventType.EXECUTION_RECOVERED)]
+
+    writes = [
+        rig.batch.append([env("dl-0", 2, fences["dl-0"])]),
+        rig.batch.take_over_many([(recovered(e), fences[e]) for e in ("dl-a", "dl-b")]),
+    ]
+    lone = rig.lone.take_over(recovered("dl-a"), from_fence=fences["dl-a"])
+    zero, outcomes, alone = await _race(rig, writes, lone)
+    _no_deadlock([zero, outcomes, alone])
+    assert zero is None
+    assert isinstance(outcomes, list), repr(outcomes)
+    took_a, took_b = outcomes
+    assert took_b is None
+    assert [took_a, alone].count(None) == 1, (took_a, alone)
