@@ -28,6 +28,7 @@ import pytest
 from psycopg.conninfo import make_conninfo
 
 from loom.errors import (
+    DuplicateEnvelopeIdError,
     DuplicateSequenceError,
     ExecutionAlreadyExistsError,
     LoomError,
@@ -383,3 +384,55 @@ async def test_a_batch_holding_an_indexed_take_over_many_takes_the_cursor_lock_f
     took_a, took_b = outcomes
     assert took_b is None
     assert [took_a, alone].count(None) == 1, (took_a, alone)
+
+
+async def test_a_batch_replayed_after_a_refused_statement_takes_the_cursor_lock_first(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A statement of the batch raised (a duplicate envelope id), so the batch is replayed one
+    # savepoint per request: the replay takes the cursor lock before any head too. The trigger
+    # holds only the replay's append to dl-a (its second insert), which a replay taking the
+    # lock in dl-b's statement would do holding dl-a, waited for by the lone take-over of dl-a.
+    replayed: list[list[str]] = []
+    replay = PostgresWriter._run_savepoints
+
+    async def record(self: PostgresWriter, conn: Any, batch: list[PostgresWrite]) -> bool:
+        replayed.append([r.execution_id for r in batch])
+        return await replay(self, conn, batch)
+
+    monkeypatch.setattr(PostgresWriter, "_run_savepoints", record)
+    fences = {}
+    for eid in ("dl-a", "dl-b", "dl-c"):
+        fences[eid] = await rig.batch.acquire_fence(eid)
+        await rig.batch.append([env(eid, 0, fences[eid]), env(eid, 1, fences[eid])])
+    await rig.batch.append([env("dl-c", 2, fences["dl-c"], envelope_id="dl-taken")])
+    s = f'"{rig.schema}"'
+    with psycopg.connect(rig.dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE SEQUENCE {s}.hold_count")
+        conn.execute(
+            f"CREATE FUNCTION {s}.hold() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+            f"IF NEW.execution_id = 'dl-a' AND nextval('{s}.hold_count') = 2 THEN "
+            f"PERFORM pg_advisory_xact_lock_shared({rig.gate}); END IF; RETURN NEW; END $$"
+        )
+        conn.execute(
+            f"CREATE TRIGGER hold BEFORE INSERT ON {s}.events "
+            f"FOR EACH ROW EXECUTE FUNCTION {s}.hold()"
+        )
+    writes = [
+        rig.batch.append([env("dl-a", 2, fences["dl-a"])]),
+        rig.batch.take_over(
+            [env("dl-b", 2, fences["dl-b"] + 1, EventType.EXECUTION_RECOVERED)],
+            from_fence=fences["dl-b"],
+        ),
+        rig.batch.append([env("dl-c", 3, fences["dl-c"], envelope_id="dl-taken")]),
+    ]
+    lone = rig.lone.take_over(
+        [env("dl-a", 2, fences["dl-a"] + 1, EventType.EXECUTION_RECOVERED)],
+        from_fence=fences["dl-a"],
+    )
+    a, b, c, alone = await _race(rig, writes, lone)
+    _no_deadlock([a, b, c, alone])
+    assert replayed == [["dl-a", "dl-b", "dl-c"]], replayed
+    assert b is None
+    assert isinstance(c, DuplicateEnvelopeIdError), repr(c)
+    assert [a, alone].count(None) == 1, (a, alone)
