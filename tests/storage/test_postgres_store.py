@@ -880,3 +880,43 @@ async def test_a_take_over_many_stores_each_record_time_exactly(store: PostgresS
     for i, at in zip(ids, times, strict=True):
         stored = (await store.read(i, from_sequence=1))[0]
         assert stored.recorded_at == at, (i, stored.recorded_at, at)
+
+
+async def test_a_lost_lone_write_is_probed_only_once_its_transaction_is_gone(
+    store: PostgresStore, pg_dsn: str, schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As for take_over_many: the session that ran our append died with its transaction still
+    open, so the probe waits for it (a share lock on the head) before looking; looking at once
+    would report "nothing was written" for a write that then commits."""
+    fence = await store.acquire_fence("open-one")
+    await store.append([env("open-one", 0, fence)])
+    writer = store._writer
+    open_tx = await psycopg.AsyncConnection.connect(pg_dsn)  # the "dead" session's transaction
+
+    async def ran_uncommitted(conn: Any, req: Any, *_: Any) -> bool:
+        await open_tx.execute(req.sql, req.params)  # BEGIN (not autocommit), left open
+        return await writer._resolve([req], psycopg.OperationalError("the answer was lost"))
+
+    async def probe_waits() -> bool:
+        async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
+            cur = await conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                "AND query LIKE '%%FOR SHARE%%' AND position(%s in query) > 0",
+                (schema,),
+            )
+            row = await cur.fetchone()
+        return row is not None and row[0] > 0
+
+    async def commit_once_the_probe_waits() -> None:
+        await until(probe_waits, "the probe waiting for the open transaction")
+        await open_tx.commit()
+
+    try:
+        monkeypatch.setattr(writer, "_run_single", ran_uncommitted)
+        await asyncio.gather(
+            store.append([env("open-one", 1, fence)]), commit_once_the_probe_waits()
+        )
+        monkeypatch.undo()
+    finally:
+        await open_tx.close()
+    assert await store.last_sequence("open-one") == 1
