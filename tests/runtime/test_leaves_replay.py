@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from dataclasses import dataclass
 from typing import Any
 
 import loom
-from loom.model import EventType, ExecutionStatus
+from loom.model import EventType, ExecutionState, ExecutionStatus, Payload
 from loom.runtime.timers import TimerService
 from loom.storage import ExecutionQuery, LoadsMany, Store, TimerStore
 from tests.conftest import Backend
@@ -41,6 +42,21 @@ EFFECTS: list[tuple[str, int, bool]] = []
 #: (execution id, what the flow's handler caught) per handler run.
 CAUGHT: list[tuple[str, str]] = []
 STORE: list[Store] = []
+
+
+@dataclass(frozen=True, slots=True)
+class Noted(Payload):
+    """test.leaves_replay.noted: a record a flow appends with ctx.record (no position)."""
+
+    what: str
+
+
+def _apply_noted(state: ExecutionState, event: Noted, env: loom.Envelope) -> None:
+    state.ui["noted"] = event.what
+
+
+NOTED = "test.leaves_replay.noted"
+loom.register_event(NOTED, Noted, _apply_noted)
 
 
 @loom.step(id="touch-once")
@@ -70,6 +86,9 @@ async def nap_then_swallow(ctx: loom.WorkflowContext, args: dict[str, Any]) -> A
         fence = await ctx.run(touch_once, eid)
     except BaseException as exc:
         CAUGHT.append((eid, type(exc).__name__))
+        if mode == "record":  # a record of the discarded run: stopped again, never written
+            await ctx.record(Noted("by the discarded run"))
+            return "recorded"
         ctx.ui.set("swallowed", True)  # a patch of the discarded run: never written
         if mode == "return":
             return "swallowed"
@@ -81,7 +100,7 @@ async def nap_then_swallow(ctx: loom.WorkflowContext, args: dict[str, Any]) -> A
     return fence
 
 
-MODES = ["return", "raise", "retry", "except-exception"]
+MODES = ["return", "raise", "retry", "record", "except-exception"]
 
 
 async def test_a_flow_swallowing_leaves_replay_gets_one_effect_and_its_true_outcome(
@@ -136,4 +155,5 @@ async def test_a_flow_swallowing_leaves_replay_gets_one_effect_and_its_true_outc
         assert types.count(EventType.TIMER_FIRED) == 1, (eid, types)
         assert types.count(EventType.STEP_COMPLETED) == 1, (eid, types)
         assert EventType.EXECUTION_FAILED not in types, (eid, types)
+        assert NOTED not in [str(t) for t in types], (eid, types)
     await rt.close()
