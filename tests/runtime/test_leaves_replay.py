@@ -89,7 +89,11 @@ async def nap_then_swallow(ctx: loom.WorkflowContext, args: dict[str, Any]) -> A
         if mode == "record":  # a record of the discarded run: stopped again, never written
             await ctx.record(Noted("by the discarded run"))
             return "recorded"
-        ctx.ui.set("swallowed", True)  # a patch of the discarded run: never written
+        # (Each branch runs as such: a UI patch before them would take a position, stopped
+        # again, and none of them would ever run.)
+        if mode == "ui":  # a patch of the discarded run: stopped again, never written
+            ctx.ui.set("swallowed", True)
+            return "patched"
         if mode == "return":
             return "swallowed"
         if mode == "raise":
@@ -100,7 +104,7 @@ async def nap_then_swallow(ctx: loom.WorkflowContext, args: dict[str, Any]) -> A
     return fence
 
 
-MODES = ["return", "raise", "retry", "record", "except-exception"]
+MODES = ["return", "raise", "retry", "record", "ui", "except-exception"]
 
 
 async def test_a_flow_swallowing_leaves_replay_gets_one_effect_and_its_true_outcome(
