@@ -166,7 +166,9 @@ async def test_cancel_right_after_start_reports_the_cancellation(
     runtime: loom.WorkflowRuntime, attempt: int
 ) -> None:
     eid = f"cancel-early-{attempt}"
-    handle = await runtime.start(busy, 50, execution_id=eid)
+    # Long enough that the cancel (one state read, then the fencing write) lands while it
+    # runs even on a loaded machine: with 50 steps a slow read let the flow finish first.
+    handle = await runtime.start(busy, 5_000, execution_id=eid)
     await runtime.cancel(eid, reason="operator")
     with pytest.raises(ExecutionCancelledError):
         await handle.result(timeout=10)
