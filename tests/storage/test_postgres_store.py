@@ -724,6 +724,29 @@ def test_lean_values_leave_text_with_a_nul_to_psycopg() -> None:
     assert encoded is not None and encoded[1] == ["a\u00e9b".encode(), b"9223372036854775807"]
 
 
+async def test_a_lone_write_stores_its_time_exactly(store: PostgresStore) -> None:
+    """The lean path sends a float in binary: every time reads back bit for bit (a wrong byte
+    order or width would fail the record's checksum on reading, or store another time)."""
+    times = [0.1 + 0.2, 1796168119.6986017, 5e-324, -0.0, 2.0**60 + 0.5]
+    fence = await store.acquire_fence("t")
+    for sequence, at in enumerate(times):
+        e = Envelope.create(
+            "t",
+            sequence,
+            EventType.EXECUTION_STARTED if sequence == 0 else EventType.STEP_STARTED,
+            {"flow_id": "f", "flow_version": "1", "input": None}
+            if sequence == 0
+            else {"position": sequence, "step_id": "s", "attempt": 1},
+            fence=fence,
+            recorded_at=at,
+        )
+        await store.append([e])
+    read = [e.recorded_at for e in await store.read("t")]
+    assert [repr(t) for t in read] == [repr(t) for t in times]
+    encoded = _postgres_lean.lean_values("SELECT %s", (2.5,))
+    assert encoded is not None and encoded[1] == [b"\x40\x04\x00\x00\x00\x00\x00\x00"]
+
+
 # ---------------------------------------------------------------- LISTEN / NOTIFY
 
 

@@ -29,8 +29,10 @@ from __future__ import annotations
 import asyncio
 import itertools
 import math
+import operator
 import re
 import select
+import struct
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -89,19 +91,51 @@ def _convert(sql: str) -> tuple[bytes, tuple[str, ...] | int]:
     return found
 
 
-def _float(value: float) -> bytes:
-    if math.isfinite(value):
-        return repr(value).encode()
-    return b"NaN" if math.isnan(value) else b"Infinity" if value > 0 else b"-Infinity"
+def _none(value: None) -> None:
+    return None
 
 
-#: How each scalar type is sent: (its text form, its type).
-_ENCODERS: dict[type, tuple[Callable[[Any], bytes], int]] = {
+def _bool(value: bool) -> bytes:
+    return b"t" if value else b"f"
+
+
+#: How each scalar type is sent: (its encoder, its type). Floats go in binary (IEEE 754, big
+#: endian: exactly the value, NaN and infinities included), the rest as text; the encoders are
+#: C callables for the common types, so a write's values are encoded in one ``map``.
+_ENCODERS: dict[type, tuple[Callable[[Any], bytes | None], int]] = {
     str: (str.encode, _TEXT),
-    int: (lambda v: b"%d" % v, _INT8),
-    float: (_float, _FLOAT8),
-    bool: (lambda v: b"t" if v else b"f", _BOOL),
+    int: (b"%d".__mod__, _INT8),
+    float: (struct.Struct(">d").pack, _FLOAT8),
+    bool: (_bool, _BOOL),
+    type(None): (_none, _UNKNOWN),
 }
+
+#: How one statement's parameters are sent, for one combination of their Python types: each
+#: value's encoder, the types sent with the PREPARE, and the positions of the text values
+#: (checked for a NUL); None when a parameter is not a scalar (psycopg adapts it).
+_Plan = tuple[tuple[Callable[[Any], bytes | None], ...], tuple[int, ...], tuple[int, ...]]
+
+#: Plans by statement, then by its parameters' types (a statement's writes come in a handful
+#: of type combinations: a value is None or not).
+_plans: dict[str, dict[tuple[type, ...], _Plan | None]] = {}
+
+#: The parameters of a statement with named placeholders, picked in ``$n`` order (C code).
+_pickers: dict[str, Callable[[Mapping[str, Any]], Any]] = {}
+
+
+def _plan(kinds: tuple[type, ...]) -> _Plan | None:
+    encoders: list[Callable[[Any], bytes | None]] = []
+    types: list[int] = []
+    for kind in kinds:
+        encoder = _ENCODERS.get(kind)
+        if encoder is None:
+            if not issubclass(kind, str):
+                return None  # arrays, bytes, anything else: psycopg adapts them
+            encoder = _ENCODERS[str]  # a str subclass (an enum's value)
+        encoders.append(encoder[0])
+        types.append(encoder[1])
+    texts = tuple(i for i, t in enumerate(types) if t == _TEXT)
+    return tuple(encoders), tuple(types), texts
 
 
 def lean_values(
@@ -110,34 +144,43 @@ def lean_values(
     """(the ``$n`` statement, its encoded values, their types), or None when a parameter is not
     a scalar (the write then goes through psycopg)."""
     text, shape = _convert(sql)
-    if isinstance(shape, tuple):
-        if not isinstance(params, Mapping):
+    ordered: Sequence[Any]
+    if type(shape) is tuple:
+        if type(params) is not dict and not isinstance(params, Mapping):
             return None
-        ordered: Sequence[Any] = [params[name] for name in shape]
+        picker = _pickers.get(sql)
+        if picker is None:
+            picker = _pickers[sql] = _picker(shape)
+        ordered = picker(params)
     else:
         if isinstance(params, Mapping) or len(params) != shape:
             return None
         ordered = params
-    values: list[bytes | None] = []
-    types: list[int] = []
-    for value in ordered:
-        if value is None:
-            values.append(None)
-            types.append(_UNKNOWN)
-            continue
-        encoder = _ENCODERS.get(type(value))
-        if encoder is None:
-            if not isinstance(value, str):
-                return None  # arrays, bytes, anything else: psycopg adapts them
-            encoder = _ENCODERS[str]  # a str subclass (an enum's value)
-        data = encoder[0](value)
-        if encoder[1] == _TEXT and b"\0" in data:
+    kinds = tuple(map(type, ordered))
+    by_kinds = _plans.get(sql)
+    if by_kinds is None:
+        by_kinds = _plans[sql] = {}
+    try:
+        plan = by_kinds[kinds]
+    except KeyError:
+        plan = by_kinds[kinds] = _plan(kinds)
+    if plan is None:
+        return None
+    encoders, types, texts = plan
+    values: list[bytes | None] = list(map(operator.call, encoders, ordered))
+    for i in texts:
+        if b"\0" in values[i]:  # type: ignore[operator]
             # libpq sends a text parameter up to its first NUL: the rest would be dropped
             # silently. psycopg refuses it (a DataError), as the write did before this path.
             return None
-        values.append(data)
-        types.append(encoder[1])
-    return text, values, tuple(types)
+    return text, values, types
+
+
+def _picker(names: tuple[str, ...]) -> Callable[[Mapping[str, Any]], Sequence[Any]]:
+    pick = operator.itemgetter(*names)
+    if len(names) == 1:
+        return lambda params: (pick(params),)
+    return pick
 
 
 def _idle_budget(loop: asyncio.AbstractEventLoop) -> float:
@@ -182,7 +225,8 @@ class LeanStatements:
 
     def __init__(self, conn: Conn) -> None:
         self.conn = conn
-        self._names: dict[tuple[bytes, tuple[int, ...]], bytes] = {}
+        #: (name, parameter formats) of each statement prepared here, by (text, types).
+        self._names: dict[tuple[bytes, tuple[int, ...]], tuple[bytes, tuple[int, ...] | None]] = {}
         self._poller: select.poll | None = None
 
     async def execute(
@@ -200,31 +244,38 @@ class LeanStatements:
             # would otherwise run to its end in one go), and it sees what is ready now. Nothing
             # is sent yet: a cancellation here writes nothing.
             await asyncio.sleep(0)
-        name = await self._prepared(text, types)
+        prepared = await self._prepared(text, types)
         try:
-            result = await self._run(name, values)
+            result = await self._run(prepared, values)
         except psycopg.errors.InvalidSqlStatementName:
             # Dropped behind our back since we prepared it; the statement never ran.
             self._names.clear()
-            name = await self._prepared(text, types)
-            result = await self._run(name, values)
+            prepared = await self._prepared(text, types)
+            result = await self._run(prepared, values)
         if result.ntuples == 0:
             return None
         first = result.get_value(0, 0)
         return (None if first is None else int(first),)
 
-    async def _prepared(self, text: bytes, types: tuple[int, ...]) -> bytes:
+    async def _prepared(
+        self, text: bytes, types: tuple[int, ...]
+    ) -> tuple[bytes, tuple[int, ...] | None]:
         key = (text, types)
-        name = self._names.get(key)
-        if name is None:
+        prepared = self._names.get(key)
+        if prepared is None:
             name = f"loom_w{next(_statement_numbers)}".encode()
             self.conn.pgconn.send_prepare(name, text, types)
             await self._answer(pq.ExecStatus.COMMAND_OK)
-            self._names[key] = name
-        return name
+            # Floats are sent in binary (see _ENCODERS), everything else as text.
+            formats = tuple(int(t == _FLOAT8) for t in types) if _FLOAT8 in types else None
+            prepared = self._names[key] = (name, formats)
+        return prepared
 
-    async def _run(self, name: bytes, values: list[bytes | None]) -> pq.abc.PGresult:
-        self.conn.pgconn.send_query_prepared(name, values)
+    async def _run(
+        self, prepared: tuple[bytes, tuple[int, ...] | None], values: list[bytes | None]
+    ) -> pq.abc.PGresult:
+        name, formats = prepared
+        self.conn.pgconn.send_query_prepared(name, values, formats)
         return await self._answer(pq.ExecStatus.TUPLES_OK)
 
     async def _answer(self, expected: pq.ExecStatus) -> pq.abc.PGresult:
