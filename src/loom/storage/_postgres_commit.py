@@ -26,9 +26,9 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import psycopg
 import psycopg.errors
@@ -47,6 +47,8 @@ __all__ = ["PostgresWrite", "PostgresWriter", "WriteKind"]
 WriteKind = Literal[
     "append", "take_over", "take_over_many", "fence", "snapshot", "timer", "blob", "mailbox"
 ]
+
+ProbeT = TypeVar("ProbeT")  # what a lost-COMMIT probe learns
 
 #: The kinds that write events (and so move the head, notify waiters and prove a batch landed).
 _EVENT_WRITES = ("append", "take_over")
@@ -482,30 +484,16 @@ class PostgresWriter:
             return await self._probe_many(req)
         assert req.probe is not None
         first, ids, sums = req.probe
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.resolve_timeout
-        delay = 0.05
-        while True:
-            remaining = deadline - loop.time()
-            try:
-                conn = await psycopg.AsyncConnection.connect(
-                    self.dsn, autocommit=True, connect_timeout=max(1, round(remaining))
-                )
-                async with conn, conn.transaction():
-                    await conn.execute(
-                        f"SET LOCAL lock_timeout = '{max(1, int(remaining * 1000))}ms'"
-                    )
-                    await conn.execute(self._sql.probe_lock, (req.execution_id,))
-                    cur = await conn.execute(
-                        self._sql.probe,
-                        (req.execution_id, first, first + len(sums), list(ids), list(sums)),
-                    )
-                    return await cur.fetchone() is not None
-            except psycopg.Error:
-                if loop.time() + delay >= deadline:
-                    return None
-            await asyncio.sleep(delay)  # the server may be restarting: back off and ask again
-            delay = min(delay * 2, 1.0)
+
+        async def ask(conn: psycopg.AsyncConnection[Any]) -> bool:
+            await conn.execute(self._sql.probe_lock, (req.execution_id,))
+            cur = await conn.execute(
+                self._sql.probe,
+                (req.execution_id, first, first + len(sums), list(ids), list(sums)),
+            )
+            return await cur.fetchone() is not None
+
+        return await self._ask_until_answered(ask)
 
     async def _probe_many(self, req: PostgresWrite) -> bool | None:
         """Whether a take_over_many landed, and (its answer being lost with the COMMIT's) which
@@ -519,6 +507,24 @@ class PostgresWriter:
             [{"eid": e, "first": f, "ids": list(i), "sums": list(c)} for e, f, i, c in wanted]
         )
         eids = sorted(p[0] for p in wanted)
+
+        async def ask(conn: psycopg.AsyncConnection[Any]) -> list[str]:
+            await conn.execute(self._sql.probe_many_lock, (eids,))
+            cur = await conn.execute(self._sql.probe_many, (document,))
+            return [str(row[0]) for row in await cur.fetchall()]
+
+        found = await self._ask_until_answered(ask)
+        if found is None:
+            return None
+        if req.result is None:
+            req.result = found
+        return bool(found)
+
+    async def _ask_until_answered(
+        self, ask: Callable[[psycopg.AsyncConnection[Any]], Awaitable[ProbeT]]
+    ) -> ProbeT | None:
+        """``ask`` on a fresh connection, in a transaction whose lock wait ends with the
+        deadline, until it answers or ``resolve_timeout`` has passed (then None: unknown)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.resolve_timeout
         delay = 0.05
@@ -532,12 +538,7 @@ class PostgresWriter:
                     await conn.execute(
                         f"SET LOCAL lock_timeout = '{max(1, int(remaining * 1000))}ms'"
                     )
-                    await conn.execute(self._sql.probe_many_lock, (eids,))
-                    cur = await conn.execute(self._sql.probe_many, (document,))
-                    found = [str(row[0]) for row in await cur.fetchall()]
-                if req.result is None:
-                    req.result = found
-                return bool(found)
+                    return await ask(conn)
             except psycopg.Error:
                 if loop.time() + delay >= deadline:
                     return None
