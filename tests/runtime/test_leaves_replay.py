@@ -21,20 +21,10 @@ from loom.model import EventType, ExecutionState, ExecutionStatus, Payload
 from loom.runtime.timers import TimerService
 from loom.storage import ExecutionQuery, LoadsMany, Store, TimerStore
 from tests.conftest import Backend
+from tests.support.clock import SetClock
 from tests.support.poll import until
 
 T0 = 3_000_000.0
-
-
-class SetClock:
-    def __init__(self, now: float) -> None:
-        self.t = now
-
-    def now(self) -> float:
-        return self.t
-
-    async def sleep(self, seconds: float) -> None:
-        await asyncio.sleep(0)
 
 
 #: (execution id, fence, TIMER_FIRED at that fence already stored) per effect run.

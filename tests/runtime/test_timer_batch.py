@@ -25,21 +25,11 @@ from loom.runtime.timers import TimerService
 from loom.storage import ExecutionQuery, Store, TakesOverMany, Timer, TimerStore
 from tests.children.timer_batch import batch_nap
 from tests.conftest import Backend
+from tests.support.clock import SetClock
 from tests.support.poll import until
 from tests.support.proc import run_child
 
 T0 = 2_000_000.0
-
-
-class SetClock:
-    def __init__(self, now: float) -> None:
-        self.t = now
-
-    def now(self) -> float:
-        return self.t
-
-    async def sleep(self, seconds: float) -> None:
-        await asyncio.sleep(0)
 
 
 #: (execution id, fence, TIMER_FIRED at that fence already stored) per effect run in-process.
