@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -20,7 +21,8 @@ import loom
 from loom.agents import ApprovalPolicy
 from loom.errors import ConfigurationError, ExecutionFailedError, RetryableError
 from loom.model import EventType, ExecutionStatus
-from loom.storage import TimerStore
+from loom.runtime.timers import TimerService, WakeOutcome
+from loom.storage import PostgresStore, SQLiteStore, Timer, TimerStore
 from tests.conftest import Backend
 
 BAD = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
@@ -147,3 +149,97 @@ def test_declared_times_must_be_finite(value: float) -> None:
     if value != -math.inf:  # a negative retry_after was refused already
         with pytest.raises(ValueError, match="finite"):
             RetryableError("busy", retry_after=value)
+
+
+# ---------------------------------------------------------------------- naive datetimes
+
+#: Flipped by the replay test: the recorded sleep was scheduled with an aware time, the replay
+#: asks with a naive one (as code written before the refusal would).
+_SLEEP_AT: dict[str, datetime] = {}
+
+
+@loom.flow(id="sleep-at", version="1")
+async def sleep_at(ctx: loom.WorkflowContext, key: str) -> str:
+    await ctx.run(mark, "before")
+    await ctx.sleep_until(_SLEEP_AT[key])
+    return await ctx.run(mark, "after")
+
+
+async def test_a_naive_datetime_is_refused_before_anything_is_recorded(backend: Backend) -> None:
+    store = backend.store()
+    runtime = loom.WorkflowRuntime(store=store)
+    runtime.register(sleep_at)
+    _SLEEP_AT["naive"] = datetime(2030, 1, 1, 12, 0)
+    try:
+        handle = await runtime.start("sleep-at", "naive", execution_id="naive")
+        with pytest.raises(ExecutionFailedError) as caught:
+            await handle.result(timeout=20)
+        error = caught.value.details["error"]
+        assert error["type"] == "ConfigurationError", error
+        assert error["execution_id"] == "naive" and "naive datetime" in error["message"], error
+        assert "aware datetime" in error["hint"], error
+        types = [e.type for e in await store.read("naive")]
+        assert EventType.TIMER_SCHEDULED not in types, types
+        if isinstance(store, TimerStore):
+            assert await store.next_timer_due() is None
+    finally:
+        await runtime.close()
+
+
+async def test_a_sleep_recorded_before_the_refusal_still_replays(backend: Backend) -> None:
+    """Only a new timer is refused: a recorded one replays even if the code now passes a
+    naive datetime, so an execution in flight across the upgrade is not stranded."""
+    runtime = loom.WorkflowRuntime(store=backend.store())
+    runtime.register(sleep_at)
+    soon = datetime.now(UTC) + timedelta(seconds=0.3)
+    _SLEEP_AT["replayed"] = soon
+    try:
+        handle = await runtime.start("sleep-at", "replayed", execution_id="replayed")
+        state = await runtime.wait("replayed", until="settled", timeout=20)
+        assert state.status is ExecutionStatus.SUSPENDED
+        _SLEEP_AT["replayed"] = soon.replace(tzinfo=None)
+        assert await handle.result(timeout=20) == "after"
+    finally:
+        await runtime.close()
+
+
+# ------------------------------------------------------------------- settings in seconds
+
+SETTING_VALUES = [math.nan, math.inf, -1.0]
+
+
+@pytest.mark.parametrize("value", SETTING_VALUES, ids=["nan", "inf", "negative"])
+async def test_a_wait_timeout_must_be_finite(backend: Backend, value: float) -> None:
+    """``timeout=nan`` used to wait forever: every comparison with the deadline was false."""
+    runtime = loom.WorkflowRuntime(store=backend.store())
+    runtime.register(bad_wait)
+    try:
+        handle = await runtime.start("bad-wait", ["sleep", "nan"], execution_id="t")
+        with pytest.raises(ConfigurationError, match="timeout") as caught:
+            await handle.result(timeout=value)
+        assert caught.value.execution_id == "t"
+        with pytest.raises(ConfigurationError, match="timeout"):
+            await runtime.wait("t", timeout=value)
+    finally:
+        await runtime.close()
+
+
+@pytest.mark.parametrize("value", SETTING_VALUES, ids=["nan", "inf", "negative"])
+def test_settings_in_seconds_must_be_finite_and_positive(tmp_path: Any, value: float) -> None:
+    db = str(tmp_path / "settings.db")
+    with pytest.raises(ConfigurationError, match="lease_ttl"):
+        loom.WorkflowRuntime(store=SQLiteStore(db), lease_ttl=value)
+    with pytest.raises(ConfigurationError, match="poll_interval"):
+        SQLiteStore(db, poll_interval=value)
+    with pytest.raises(ConfigurationError, match="busy_timeout"):
+        SQLiteStore(db, busy_timeout=value)
+    with pytest.raises(ConfigurationError, match="safety_poll_interval"):
+        PostgresStore("postgresql://127.0.0.1/none", safety_poll_interval=value)
+    store = SQLiteStore(db)
+    for setting in ("lease", "poll_interval", "early_retry", "max_early_backoff"):
+        with pytest.raises(ConfigurationError, match=setting):
+            TimerService(store, _never_woken, **{setting: value})
+
+
+async def _never_woken(timer: Timer) -> WakeOutcome:
+    raise AssertionError(f"no timer is due in this test ({timer})")

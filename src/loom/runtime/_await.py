@@ -11,6 +11,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Literal
 
+from loom._settings import seconds_setting
 from loom.errors import ConfigurationError, ExecutionNotFoundError
 from loom.model import Envelope, ExecutionState, ExecutionStatus
 
@@ -43,10 +44,8 @@ async def wait(
         raise ConfigurationError(
             f"until must be 'end' or 'settled', not {until!r}", execution_id=execution_id
         )
-    if timeout is not None and timeout < 0:
-        raise ConfigurationError(
-            f"timeout must be >= 0 seconds, not {timeout!r}", execution_id=execution_id
-        )
+    if timeout is not None:
+        timeout = seconds_setting(timeout, "timeout", zero_ok=True, execution_id=execution_id)
     rt._check_open()
     rt._first_use()  # a process that only awaits must still fire its timers
     loop = asyncio.get_running_loop()

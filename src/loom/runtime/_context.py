@@ -733,7 +733,12 @@ class WorkflowContext:
         await self._sleep(lambda now: now + seconds)
 
     async def sleep_until(self, when: datetime | float) -> None:
-        """Sleep durably until ``when`` (an aware datetime or epoch seconds)."""
+        """Sleep durably until ``when`` (an aware datetime or epoch seconds).
+
+        A naive datetime is refused: which instant it names depends on the time zone of the
+        process that happens to run the step, and a durable timer may be scheduled on one
+        machine and fired by another.
+        """
         at = when.timestamp() if isinstance(when, datetime) else float(when)
         if not math.isfinite(at):
             raise ConfigurationError(
@@ -741,11 +746,31 @@ class WorkflowContext:
                 execution_id=self.execution_id,
                 hint="Pass a finite time; nothing was recorded",
             )
-        await self._sleep(lambda now: at)
+        naive = isinstance(when, datetime) and when.utcoffset() is None
 
-    async def _sleep(self, fire_at_from: Callable[[float], float]) -> None:
+        def refuse_naive() -> None:
+            raise ConfigurationError(
+                f"ctx.sleep_until was given a naive datetime ({when!s}); the "
+                "instant it names depends on the local time zone of whichever process runs "
+                "it",
+                execution_id=self.execution_id,
+                hint="Pass an aware datetime (e.g. datetime.now(timezone.utc) + delta) or "
+                "epoch seconds; nothing was recorded",
+            )
+
+        await self._sleep(lambda now: at, refuse_naive if naive else None)
+
+    async def _sleep(
+        self,
+        fire_at_from: Callable[[float], float],
+        refuse_new: Callable[[], None] | None = None,
+    ) -> None:
         self._enter()
         pos, op = self._take_position(OpKind.TIMER, "sleep")
+        # Only a new timer is refused: a sleep recorded before the refusal existed replays as
+        # it was recorded, so an execution in flight across an upgrade is not stranded.
+        if op is None and refuse_new is not None:
+            refuse_new()
         if op is None or op.status is not OpStatus.RESOLVED:
             self._open(pos, "sleep")
         if op is not None:

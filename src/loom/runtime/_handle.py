@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Generic, TypeVar
 
+from loom._settings import seconds_setting
 from loom.errors import (
     ExecutionCancelledError,
     ExecutionFailedError,
@@ -37,6 +38,10 @@ class ExecutionHandle(Generic[OutputT]):
     async def _wait(
         self, done: Callable[[ExecutionState], bool], timeout: float | None
     ) -> ExecutionState:
+        if timeout is not None:
+            timeout = seconds_setting(
+                timeout, "timeout", zero_ok=True, execution_id=self.execution_id
+            )
         self.runtime._first_use()  # a process that only awaits must still fire its timers
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout

@@ -14,6 +14,7 @@ from datetime import datetime, timedelta
 from types import MappingProxyType, TracebackType
 from typing import Any, Literal, TypeVar
 
+from loom._settings import seconds_setting
 from loom.errors import (
     ConfigurationError,
     CorruptEventError,
@@ -122,8 +123,7 @@ class WorkflowRuntime:
         self.interceptors: tuple[StepInterceptor, ...] = tuple(interceptors)
         self._intercept = build_chain(self.interceptors)
         self.resources: Mapping[str, Any] = MappingProxyType(dict(resources or {}))
-        if lease_ttl <= 0:
-            raise ConfigurationError("lease_ttl must be positive")
+        lease_ttl = seconds_setting(lease_ttl, "lease_ttl")
         #: Liveness leases of the executions driven here (see ``loom.lease_expired``).
         self.heartbeat: Heartbeat | None = (
             Heartbeat(store, self.clock, lease_ttl) if isinstance(store, LeaseStore) else None

@@ -24,6 +24,8 @@ from collections.abc import (
 from dataclasses import replace
 from typing import Any
 
+from loom._settings import seconds_setting
+from loom.errors import ConfigurationError
 from loom.runtime._clock import Clock, SystemClock
 from loom.storage import Timer, TimerStore
 
@@ -125,6 +127,17 @@ class TimerService:
         prepare: Prepare | None = None,
         keep_fired: int = 10_000,
     ) -> None:
+        # A nan or inf setting would make a claim that never expires or a loop that never
+        # polls; a lease of 0 is allowed (every claim is stale at once: tests use it).
+        lease = seconds_setting(lease, "TimerService lease", zero_ok=True)
+        poll_interval = seconds_setting(poll_interval, "TimerService poll_interval")
+        early_retry = seconds_setting(early_retry, "TimerService early_retry")
+        max_early_backoff = seconds_setting(max_early_backoff, "TimerService max_early_backoff")
+        if batch < 1 or concurrency < 1:
+            raise ConfigurationError(
+                f"TimerService batch and concurrency must be at least 1 (got {batch}, "
+                f"{concurrency})"
+            )
         self.store = store
         self.wake = wake
         self.prepare = prepare

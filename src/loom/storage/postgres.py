@@ -35,6 +35,7 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from loom import faults
+from loom._settings import seconds_setting
 from loom.errors import (
     ConfigurationError,
     LoomError,
@@ -188,6 +189,12 @@ class PostgresStore(PostgresBranches):
             )
         if max_batch < 1 or max_inflight_batches < 1:
             raise ConfigurationError("max_batch and max_inflight_batches must be at least 1")
+        connect_timeout = seconds_setting(connect_timeout, "PostgresStore connect_timeout")
+        resolve_timeout = seconds_setting(resolve_timeout, "PostgresStore resolve_timeout")
+        poll_interval = seconds_setting(poll_interval, "PostgresStore poll_interval")
+        safety_poll_interval = seconds_setting(
+            safety_poll_interval, "PostgresStore safety_poll_interval"
+        )
         self.dsn = dsn
         self.schema = schema
         self.pool_min = pool_min

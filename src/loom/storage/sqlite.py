@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from loom import faults
+from loom._settings import seconds_setting
 from loom.errors import (
     ConfigurationError,
     CorruptEventError,
@@ -158,6 +159,10 @@ class SQLiteStore(SQLiteBranches, SQLiteIndexReads, SQLiteSideTables):
     ) -> None:
         if synchronous not in ("FULL", "NORMAL"):
             raise ConfigurationError(f"synchronous must be 'FULL' or 'NORMAL', not {synchronous!r}")
+        busy_timeout = seconds_setting(busy_timeout, "SQLiteStore busy_timeout", zero_ok=True)
+        poll_interval = seconds_setting(poll_interval, "SQLiteStore poll_interval")
+        if max_batch < 1:
+            raise ConfigurationError(f"SQLiteStore max_batch must be at least 1, not {max_batch}")
         self.path = str(path)
         self.synchronous = synchronous
         self.busy_timeout = busy_timeout
