@@ -23,8 +23,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from loom.storage.postgres import PostgresStore
-from tests.support.pg import PG_DSN, new_schema_name, pg_reason
+from tests.support.pg import PG_DSN, drop_test_schema, new_schema_name, pg_reason
 from tests.support.store_harness import (
     Target,
     kill_in_batch,
@@ -41,7 +40,7 @@ def pg_schema(dsn: str) -> Iterator[str]:
     try:
         yield schema
     finally:
-        asyncio.run(PostgresStore.drop_schema(dsn, schema))
+        asyncio.run(drop_test_schema(dsn, schema))
 
 
 @contextmanager

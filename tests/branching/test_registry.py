@@ -15,7 +15,7 @@ from loom.errors import RefNotFoundError
 from loom.storage import InMemoryStore, SQLiteStore
 from loom.storage.tenancy import TenantScopedEventStore
 from loom.testing import run_branch_registry_conformance
-from tests.support.pg import require_pg, temp_schema
+from tests.support.pg import drop_test_schema, require_pg, temp_schema
 from tests.support.proc import Child
 
 _n = itertools.count()
@@ -59,7 +59,7 @@ async def test_postgres_store_passes_the_branch_kit() -> None:
             await run_branch_registry_conformance(make)
         finally:
             for i in range(next(_n) + 1):
-                await PostgresStore.drop_schema(dsn, f"{schema}_{i}")
+                await drop_test_schema(dsn, f"{schema}_{i}")
 
 
 async def test_tenant_view_passes_the_kit_and_tenants_never_see_each_other(physical: Any) -> None:

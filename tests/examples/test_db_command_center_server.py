@@ -24,6 +24,7 @@ from examples._support import LEDGER_ENV, STORE_ENV, Ledger
 from examples.db_command_center.app import SAMPLE_DB_ENV
 from examples.db_command_center.story import REQUESTS
 from examples.db_command_center_server.story import run_client, settled
+from tests.support.pg import drop_test_schema
 from tests.support.proc import Child, run_child
 
 PG_DSN = os.environ.get("LOOM_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
@@ -147,7 +148,6 @@ async def test_service_killed_mid_request_continues_after_restart(env: Path) -> 
 @pytest.mark.postgres
 async def test_two_http_workers_on_postgres_one_killed(env: Path) -> None:
     dsn = _pg_or_skip()
-    from loom.storage.postgres import PostgresStore
 
     schema = f"loom_ex_{secrets.token_hex(4)}"
     try:
@@ -159,7 +159,7 @@ async def test_two_http_workers_on_postgres_one_killed(env: Path) -> None:
         ) as (_, url):  # fmt: skip
             facts = await run_client(url, lambda _: None)
     finally:
-        await PostgresStore.drop_schema(dsn, schema)
+        await drop_test_schema(dsn, schema)
     _check_story(facts)
     workers = facts["health"]["workers"]  # type: ignore[index]
     assert [w["exit_code"] for w in workers] == [-9, None]

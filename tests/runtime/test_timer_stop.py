@@ -13,6 +13,7 @@ import pytest
 
 import loom
 from loom.model import ExecutionStatus
+from loom.runtime.timers import TimerService, WakeOutcome
 
 # Rounds of stopping 0..TURNS-1 event-loop turns after a sleep kicked the service, so the stop
 # lands at every step of the service's wake-up. Before the fix, on Python 3.11, a stop landing
@@ -127,3 +128,39 @@ async def test_timers_false_serves_only_when_asked(tmp_path: Path) -> None:
         async with rt.timers:
             assert (await rt.wait("n1", timeout=20)).output == "woke"
         assert not rt.timers.running
+
+
+class _SwallowingStore(loom.InMemoryStore):
+    """Its ``next_timer_due`` drops a cancel the way Python 3.11's ``asyncio.wait_for`` does
+    when the awaited call completes as the cancel lands (psycopg_pool's getconn waits so)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.polling = asyncio.Event()
+        self.swallowed = 0
+
+    async def next_timer_due(self) -> float | None:
+        self.polling.set()
+        if self.swallowed:
+            await asyncio.Event().wait()  # later polls block, and a new cancel ends them
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            self.swallowed += 1  # not re-raised, and uncancel() not called: the request stays
+        return None
+
+
+async def test_stop_ends_the_service_even_if_a_wait_under_it_swallowed_the_cancel() -> None:
+    store = _SwallowingStore()
+
+    async def wake(timer: loom.storage.Timer) -> WakeOutcome:
+        raise AssertionError("no timer is due")
+
+    service = TimerService(store, wake, poll_interval=0.01)
+    service.start()
+    async with asyncio.timeout(5):
+        await store.polling.wait()
+        # Before the fix the service went round again and stop() never returned.
+        await service.stop()
+    assert store.swallowed == 1
+    assert not service.running

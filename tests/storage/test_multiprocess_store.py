@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from loom.storage.postgres import PostgresStore
-from tests.support.pg import new_schema_name, require_pg
+from tests.support.pg import drop_test_schema, new_schema_name, require_pg
 from tests.support.store_harness import (
     Target,
     kill_in_batch,
@@ -35,7 +34,7 @@ def target(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Target]:
     try:
         yield Target("postgres", dsn, schema)
     finally:
-        asyncio.run(PostgresStore.drop_schema(dsn, schema))
+        asyncio.run(drop_test_schema(dsn, schema))
 
 
 def test_eight_processes_race_to_start_one_execution(target: Target) -> None:
@@ -91,7 +90,7 @@ def test_terminated_sessions_under_load_lose_nothing() -> None:
     try:
         run = terminate_under_load(Target("postgres", dsn, schema), appends=40, every=30)
     finally:
-        asyncio.run(PostgresStore.drop_schema(dsn, schema))
+        asyncio.run(drop_test_schema(dsn, schema))
     assert not run.violations, run.violations
     assert run.terminated >= 3, run
     assert run.failed > 0, "no append met a terminated session: the scenario tested nothing"

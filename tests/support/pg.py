@@ -14,15 +14,27 @@ import os
 import secrets
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
 
-from loom.storage.postgres import PostgresStore
+from loom.storage._postgres_sql import SCHEMA_NAME
 from tests.conftest import PG_DSN
 
-__all__ = ["PG_DSN", "pg_reason", "require_pg", "tagged_dsn", "temp_schema", "terminate"]
+__all__ = [
+    "PG_DSN",
+    "drop_test_schema",
+    "pg_reason",
+    "require_pg",
+    "tagged_dsn",
+    "temp_schema",
+    "terminate",
+]
+
+#: How long a test's DROP SCHEMA waits for locks before it names and ends whoever holds them.
+DROP_LOCK_TIMEOUT = "15s"
 
 _counter = itertools.count()
 
@@ -59,7 +71,54 @@ async def temp_schema(dsn: str) -> AsyncIterator[str]:
     try:
         yield name
     finally:
-        await PostgresStore.drop_schema(dsn, name)
+        await drop_test_schema(dsn, name)
+
+
+async def drop_test_schema(dsn: str, schema: str) -> None:
+    """Drop ``schema``; if a session still holds locks in it, end that session and fail.
+
+    A test whose store or service left a transaction open used to hang here until the test's
+    timeout, with nothing saying who held the lock. This waits ``DROP_LOCK_TIMEOUT``, then
+    lists the holders (application, state, last query), terminates them so that the schema
+    goes, and fails the test with that list.
+    """
+    if not SCHEMA_NAME.fullmatch(schema):
+        raise ValueError(f"not a Loom schema name: {schema!r}")
+    drop = f'DROP SCHEMA IF EXISTS "{schema}" CASCADE'
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await conn.execute(f"SET lock_timeout = '{DROP_LOCK_TIMEOUT}'")
+        try:
+            await conn.execute(drop)
+            return
+        except psycopg.errors.LockNotAvailable:
+            pass
+        holders = await _holders_of_locks_in(conn, schema)
+        await conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_locks l "
+            "JOIN pg_class c ON c.oid = l.relation JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE n.nspname = %s AND l.pid <> pg_backend_pid()",
+            (schema,),
+        )
+        await conn.execute("SET lock_timeout = 0")
+        await conn.execute(drop)
+    pytest.fail(
+        f"schema {schema} was still locked {DROP_LOCK_TIMEOUT} after the test: something it "
+        "started left a transaction open. Terminated: " + "; ".join(holders or ["(none found)"]),
+        pytrace=False,
+    )
+
+
+async def _holders_of_locks_in(conn: psycopg.AsyncConnection[Any], schema: str) -> list[str]:
+    cur = await conn.execute(
+        "SELECT DISTINCT a.pid, a.application_name, a.state, left(a.query, 200) "
+        "FROM pg_locks l JOIN pg_class c ON c.oid = l.relation "
+        "JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "JOIN pg_stat_activity a ON a.pid = l.pid "
+        "WHERE n.nspname = %s AND a.pid <> pg_backend_pid()",
+        (schema,),
+    )
+    rows = await cur.fetchall()
+    return [f"pid {pid} ({app or '?'}, {state}): {query}" for pid, app, state, query in rows]
 
 
 def tagged_dsn(dsn: str, tag: str) -> str:

@@ -7,6 +7,7 @@ import logging
 import os
 import uuid
 
+from loom._aio import raise_if_cancel_swallowed
 from loom.model import ExecutionStatus
 from loom.runtime._clock import Clock
 from loom.runtime._driver import Driver
@@ -81,6 +82,7 @@ class Heartbeat:
 
     async def _run(self) -> None:
         while self._drivers:
+            raise_if_cancel_swallowed()  # a renewal's pool wait may have dropped stop()'s cancel
             await asyncio.sleep(self.ttl / 3)
             for driver in list(self._drivers):
                 if not driver.done.is_set():

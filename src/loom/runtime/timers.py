@@ -24,6 +24,7 @@ from collections.abc import (
 from dataclasses import replace
 from typing import Any
 
+from loom._aio import raise_if_cancel_swallowed
 from loom._settings import seconds_setting
 from loom.errors import ConfigurationError
 from loom.runtime._clock import Clock, SystemClock
@@ -344,7 +345,9 @@ class TimerService:
         self._kick.set()
 
     async def run_forever(self) -> None:
+        """Fire due timers until cancelled (what :meth:`start` runs in the background)."""
         while True:
+            raise_if_cancel_swallowed()
             try:
                 fired = await self.run_due()
                 if fired:

@@ -13,6 +13,7 @@ from collections import Counter
 
 import psycopg
 
+from loom._aio import raise_if_cancel_swallowed
 from loom.storage._common import Waiters
 
 __all__ = ["NotifyListener"]
@@ -64,11 +65,14 @@ class NotifyListener:
         (notifications sent while it was down are lost)."""
         delay = 0.05
         while not self.closed:
+            raise_if_cancel_swallowed()
             try:
                 conn = await psycopg.AsyncConnection.connect(
                     self.dsn, autocommit=True, connect_timeout=max(1, round(self.connect_timeout))
                 )
                 async with conn:
+                    if self.closed:  # stop() came while connecting (its cancel may be lost)
+                        return
                     await conn.execute(f"LISTEN {self.channel}")
                     self.listening.set()
                     delay = 0.05
