@@ -20,6 +20,7 @@ from loom.errors import (
 from loom.model import ExecutionStatus
 from loom.placement import LocalDispatcher, LocalWorkerRuntime, dispatching_timer_service
 from loom.runtime import WakeOutcome
+from loom.runtime._driver import SUSPEND_SNAPSHOT_MIN_EVENTS
 from loom.storage import SQLiteStore, Store, Timer
 from loom.testing import SkippingClock
 
@@ -434,14 +435,23 @@ async def test_a_resume_while_the_suspending_driver_finishes_up_is_followed() ->
     store = SlowSnapshots(loom.InMemoryStore())
     rt = loom.WorkflowRuntime(store, timers=False)  # type: ignore[arg-type]
 
+    @loom.step(id="tick")
+    async def tick(i: int) -> int:
+        return i
+
     @loom.flow(id="asks", version="1", resume_schemas={"Go": Decision})
     async def asks(ctx: loom.WorkflowContext) -> str:
+        # A log long enough that its suspension writes a snapshot (a short one folds instead).
+        for i in range(SUSPEND_SNAPSHOT_MIN_EVENTS):
+            await ctx.run(tick, i)
         decision = await ctx.suspend("Go")
         return f"got {decision.ok}"
 
     rt.register(asks)
     started = await rt.start(asks, execution_id="a")
-    await store.entered.wait()  # SUSPENDED is durable; the driver is writing its snapshot
+    await asyncio.wait_for(
+        store.entered.wait(), 10
+    )  # SUSPENDED is durable; the driver is writing its snapshot
     resumed = await rt.resume("a", "Go", {"ok": True})
     store.release.set()
     assert await resumed.result(timeout=10) == "got True"

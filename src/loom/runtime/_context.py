@@ -664,7 +664,7 @@ class WorkflowContext:
         await self._driver.append(
             [ExecutionSuspended(pos, event_type, correlation_key, timeout_at)]
         )
-        await self._driver.try_snapshot()
+        await self._driver.snapshot_on_suspend()
         faults.hit("after_suspend_recorded")
         return await self._consume_after_suspend(pos, event_type)
 
@@ -786,7 +786,7 @@ class WorkflowContext:
                 ExecutionSuspended(pos, TIMER_EVENT, timeout_at=fire_at, timer=True),
             ]
         )
-        await self._driver.try_snapshot()
+        await self._driver.snapshot_on_suspend()
         faults.hit("after_suspend_recorded")
         raise self._unwind("sleep")
 

@@ -74,6 +74,10 @@ def _storage_failure(execution_id: str, exc: Exception) -> StorageWriteError:
 
 log = logging.getLogger("loom.runtime")
 
+#: A suspension writes a snapshot only when at least this many events were appended since the
+#: last one (see Driver.snapshot_on_suspend).
+SUSPEND_SNAPSHOT_MIN_EVENTS = 32
+
 
 class StopAtBoundary(BaseException):
     """Raised right after a durable append once the runtime asked the driver to stop there
@@ -456,6 +460,15 @@ class Driver:
     def _applied(self, envelopes: list[Envelope]) -> None:
         for env in envelopes:
             apply_event(self.state, env)
+
+    async def snapshot_on_suspend(self) -> None:
+        """Snapshot a suspending execution unless its log since the last snapshot is short.
+
+        A wake folds the events after the snapshot it loads; a few of them fold for less than
+        a snapshot costs to write, read back, decode and validate (most suspended executions
+        are short: a start, a timer and the suspension)."""
+        if self.state.last_sequence - self.last_snapshot >= SUSPEND_SNAPSHOT_MIN_EVENTS:
+            await self.try_snapshot()
 
     async def try_snapshot(self) -> None:
         """Snapshot now. A failed snapshot costs only speed (loading reads a longer tail), so
