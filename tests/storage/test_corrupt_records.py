@@ -12,6 +12,7 @@ import pytest
 
 import loom
 from loom.errors import CorruptEventError, PayloadError
+from loom.runtime._driver import SUSPEND_SNAPSHOT_MIN_EVENTS
 from loom.storage import InMemoryStore, Snapshot, SQLiteStore, Store
 
 
@@ -157,6 +158,15 @@ async def napper(ctx: loom.WorkflowContext, when: float) -> str:
     return "woke"
 
 
+@loom.flow(id="long-napper", version="1")
+async def long_napper(ctx: loom.WorkflowContext, when: float) -> str:
+    # Enough steps that the suspension writes a snapshot (a shorter log is folded on wake).
+    for i in range(SUSPEND_SNAPSHOT_MIN_EVENTS + 8):
+        await ctx.run(double, i)
+    await ctx.sleep_until(when)
+    return "woke"
+
+
 @pytest.mark.parametrize(
     "corruption",
     [
@@ -165,7 +175,8 @@ async def napper(ctx: loom.WorkflowContext, when: float) -> str:
         # after the snapshot): one payload byte no longer UTF-8.
         "UPDATE loom_events SET payload = CAST(substr(CAST(payload AS BLOB), 1, 3) || X'E9' "
         "|| substr(CAST(payload AS BLOB), 5) AS TEXT) "
-        "WHERE execution_id = 'b-victim' AND sequence = 2",
+        "WHERE execution_id = 'b-victim' AND sequence = "
+        "(SELECT max(sequence) FROM loom_events WHERE execution_id = 'b-victim')",
     ],
     ids=["snapshot-checksum", "event-utf8"],
 )
@@ -178,22 +189,65 @@ async def test_a_corrupt_record_in_a_timer_batch_costs_the_batch_read_only(
     path = tmp_path / "timers.db"
     clock = _SetClock(1000.0)
     rt = loom.WorkflowRuntime(SQLiteStore(path), clock=clock, timers=False)
-    rt.register(napper)
+    rt.register(long_napper)
     ids = ["a-healthy", "b-victim", "c-healthy"]
     for eid in ids:
-        await (await rt.start(napper, 1005.0, execution_id=eid)).settled(10)
+        await (await rt.start(long_napper, 1005.0, execution_id=eid)).settled(10)
     await rt.close()
     with sqlite3.connect(path) as conn:
         assert conn.execute(corruption).rowcount == 1
     store = SQLiteStore(path)
+    assert await store.load_snapshot("a-healthy") is not None  # what the batch read reads
     with pytest.raises(CorruptEventError):
         await store.load_many(ids)
     rt = loom.WorkflowRuntime(store, clock=clock, timers=False)
-    rt.register(napper)
+    rt.register(long_napper)
     assert rt.timers is not None
     clock.t = 1005.0
     assert await rt.timers.run_due() == 3
     assert sorted(t.execution_id for t in rt.timers.fired) == ids
     for eid in ids:
         assert (await rt.wait(eid, timeout=10)).output == "woke", eid
+    await rt.close()
+
+
+async def test_a_corrupt_event_of_an_unsnapshotted_sleeper_fails_its_own_wake_only(
+    tmp_path: Path,
+) -> None:
+    # A short sleeper has no snapshot: its wake folds the whole log, so a corrupt event in it
+    # fails that wake with a typed error, its timer is kept (retried, never dropped), and the
+    # rest of the batch fires.
+    path = tmp_path / "timers.db"
+    clock = _SetClock(1000.0)
+    rt = loom.WorkflowRuntime(SQLiteStore(path), clock=clock, timers=False)
+    rt.register(napper)
+    ids = ["a-healthy", "b-victim", "c-healthy"]
+    for eid in ids:
+        await (await rt.start(napper, 1005.0, execution_id=eid)).settled(10)
+    await rt.close()
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("SELECT count(*) FROM loom_snapshots").fetchone() == (0,)
+        changed = conn.execute(
+            "UPDATE loom_events SET payload = CAST(substr(CAST(payload AS BLOB), 1, 3) || "
+            "X'E9' || substr(CAST(payload AS BLOB), 5) AS TEXT) "
+            "WHERE execution_id = 'b-victim' AND sequence = 2"
+        ).rowcount
+        assert changed == 1
+    store = SQLiteStore(path)
+    rt = loom.WorkflowRuntime(store, clock=clock, timers=False, lease_ttl=5.0)
+    rt.register(napper)
+    assert rt.timers is not None
+    clock.t = 1005.0
+    with pytest.raises(CorruptEventError, match="b-victim"):
+        await rt.load_state("b-victim")
+    await rt.timers.run_due()
+    assert sorted(t.execution_id for t in rt.timers.fired) == ["a-healthy", "c-healthy"]
+    for eid in ("a-healthy", "c-healthy"):
+        assert (await rt.wait(eid, timeout=10)).output == "woke", eid
+    # The victim's timer is still stored and claimable again once its claim lapses.
+    assert await store.next_timer_due() is not None
+    clock.t = 1005.0 + 3600
+    await rt.timers.run_due()
+    assert [t.execution_id for t in rt.timers.fired] == ["a-healthy", "c-healthy"]
+    assert await store.next_timer_due() is not None
     await rt.close()
