@@ -167,6 +167,18 @@ async def long_napper(ctx: loom.WorkflowContext, when: float) -> str:
     return "woke"
 
 
+SLEEPERS = ["a-healthy", "b-victim", "c-healthy"]
+
+
+async def _three_sleepers(path: Path, clock: _SetClock, flow: loom.Flow[float, str]) -> None:
+    """SLEEPERS, each asleep in ``flow`` until 1005.0 (a timer of one batch), and stopped."""
+    rt = loom.WorkflowRuntime(SQLiteStore(path), clock=clock, timers=False)
+    rt.register(flow)
+    for eid in SLEEPERS:
+        await (await rt.start(flow, 1005.0, execution_id=eid)).settled(10)
+    await rt.close()
+
+
 @pytest.mark.parametrize(
     "corruption",
     [
@@ -188,25 +200,20 @@ async def test_a_corrupt_record_in_a_timer_batch_costs_the_batch_read_only(
     # victim's snapshot is ignored (the log folded), and the others never notice.
     path = tmp_path / "timers.db"
     clock = _SetClock(1000.0)
-    rt = loom.WorkflowRuntime(SQLiteStore(path), clock=clock, timers=False)
-    rt.register(long_napper)
-    ids = ["a-healthy", "b-victim", "c-healthy"]
-    for eid in ids:
-        await (await rt.start(long_napper, 1005.0, execution_id=eid)).settled(10)
-    await rt.close()
+    await _three_sleepers(path, clock, long_napper)
     with sqlite3.connect(path) as conn:
         assert conn.execute(corruption).rowcount == 1
     store = SQLiteStore(path)
     assert await store.load_snapshot("a-healthy") is not None  # what the batch read reads
     with pytest.raises(CorruptEventError):
-        await store.load_many(ids)
+        await store.load_many(SLEEPERS)
     rt = loom.WorkflowRuntime(store, clock=clock, timers=False)
     rt.register(long_napper)
     assert rt.timers is not None
     clock.t = 1005.0
     assert await rt.timers.run_due() == 3
-    assert sorted(t.execution_id for t in rt.timers.fired) == ids
-    for eid in ids:
+    assert sorted(t.execution_id for t in rt.timers.fired) == SLEEPERS
+    for eid in SLEEPERS:
         assert (await rt.wait(eid, timeout=10)).output == "woke", eid
     await rt.close()
 
@@ -219,12 +226,7 @@ async def test_a_corrupt_event_of_an_unsnapshotted_sleeper_fails_its_own_wake_on
     # rest of the batch fires.
     path = tmp_path / "timers.db"
     clock = _SetClock(1000.0)
-    rt = loom.WorkflowRuntime(SQLiteStore(path), clock=clock, timers=False)
-    rt.register(napper)
-    ids = ["a-healthy", "b-victim", "c-healthy"]
-    for eid in ids:
-        await (await rt.start(napper, 1005.0, execution_id=eid)).settled(10)
-    await rt.close()
+    await _three_sleepers(path, clock, napper)
     with sqlite3.connect(path) as conn:
         assert conn.execute("SELECT count(*) FROM loom_snapshots").fetchone() == (0,)
         changed = conn.execute(
