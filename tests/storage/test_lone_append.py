@@ -5,6 +5,7 @@ errors), and crosses the same fault points."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from loom.errors import (
 from loom.model import Envelope, EventType, StepCompleted
 from loom.storage import SQLiteStore
 from loom.storage import sqlite as sqlite_store
+from loom.storage._common import batch_head, plain_record
 from tests.support.poll import until
 
 
@@ -290,3 +292,47 @@ async def test_a_new_writer_connection_reads_the_tail_again(tmp_path: Path) -> N
     assert store._writer is not old
     old.close()
     await store.close()
+
+
+def _shapes() -> list[Envelope]:
+    """Records of every shape ``batch_head`` or ``plain_record`` tells apart."""
+    base = _step("e", 3, 2)
+    shapes = [base, _step("e", 1, 1), _start("e", 1)]
+    for change in (
+        {"sequence": 0},
+        {"sequence": -1},
+        {"fence": 0},
+        {"fence": -4},
+        {"payload_json": ""},
+        {"recorded_at": float("nan")},
+        {"recorded_at": float("inf")},
+        {"recorded_at": float("-inf")},
+        {"envelope_id": "explicit-id"},
+        {"envelope_id": "e#3.1"},  # the derived form of another record
+        {"envelope_id": ""},
+        {"type": EventType.EXECUTION_COMPLETED},  # moves the summary
+    ):
+        shapes.append(dataclasses.replace(base, **change))
+    return shapes
+
+
+@pytest.mark.parametrize("env", _shapes(), ids=lambda e: f"{e.type}@{e.sequence}.{e.fence}")
+def test_a_record_the_lone_path_takes_passes_every_check_of_the_general_path(
+    env: Envelope,
+) -> None:
+    # The lone path skips batch_head for a plain_record: the two must never disagree, or a
+    # check added to batch_head (as the finite-time one was) would be skipped on every step.
+    if plain_record(env):
+        assert batch_head([env]) == (env.execution_id, env.sequence, env.fence)
+
+
+def test_the_shapes_include_plain_and_refused_records() -> None:
+    shapes = _shapes()
+    assert sum(plain_record(e) for e in shapes) == 2  # the two steps, nothing else
+    refused = 0
+    for env in shapes:
+        try:
+            batch_head([env])
+        except (ValueError, LoomError):
+            refused += 1
+    assert refused >= 8

@@ -31,6 +31,7 @@ from loom.model import (
 )
 from loom.model._events import as_event_type, has_derived_form
 from loom.model._state import LazyOps, merge_stored_ops, state_from_stored
+from loom.model._summary import SUMMARY_EVENT_TYPES
 from loom.storage._spi import Snapshot, Timer
 
 __all__ = [
@@ -48,6 +49,7 @@ __all__ = [
     "decode_snapshot",
     "ended",
     "merge_segments",
+    "plain_record",
     "refusal_for",
     "reserved_ids",
     "segment_checksum",
@@ -93,6 +95,25 @@ def batch_head(envelopes: Sequence[Envelope]) -> tuple[str, int, int]:
     if first.fence < 1:
         raise ValueError("envelopes must carry a fence from acquire_fence() (fences start at 1)")
     return first.execution_id, first.sequence, first.fence
+
+
+def plain_record(env: Envelope) -> bool:
+    """Whether ``env`` may skip :func:`batch_head` on a store's lone-record fast path.
+
+    True only for a record ``batch_head([env])`` accepts (the two are kept in step by a test
+    over every shape either refuses) that moves no summary and carries its derived id, after
+    sequence 0: a step's record. A fast path that made this judgement itself would silently
+    miss the next check added to ``batch_head`` (one such path once stored NaN as NULL).
+    """
+    execution_id, sequence, fence = env.execution_id, env.sequence, env.fence
+    return (
+        sequence >= 1
+        and fence >= 1
+        and env.type not in SUMMARY_EVENT_TYPES
+        and bool(env.payload_json)
+        and env.envelope_id == f"{execution_id}#{sequence}.{fence}"
+        and math.isfinite(env.recorded_at)
+    )
 
 
 def _not_finite(what: str, execution_id: str) -> PayloadError:

@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import math
 import os
 import sqlite3
 import threading
@@ -57,7 +56,6 @@ from loom.model import (
     encode_json,
     summary_change,
 )
-from loom.model._summary import SUMMARY_EVENT_TYPES
 from loom.storage._batching import GroupCommit, WriteRequest
 from loom.storage._blobs import check_blobs
 from loom.storage._common import (
@@ -73,6 +71,7 @@ from loom.storage._common import (
     decode_snapshot,
     ended,
     merge_segments,
+    plain_record,
     refusal_for,
     segment_checksum,
     snapshot_checksum,
@@ -609,22 +608,15 @@ class SQLiteStore(SQLiteBranches, SQLiteIndexReads, SQLiteSideTables):
         Only a record that moves no summary, after sequence 0, under its derived id, with no
         reserved ids in the file: anything else needs the general path's extra writes.
         """
-        execution_id, sequence, fence = env.execution_id, env.sequence, env.fence
         if (
-            sequence < 1
-            or fence < 1
-            or env.type in SUMMARY_EVENT_TYPES
-            or not env.payload_json
-            or self._reserved
+            self._reserved
             or self._closed
             or self.read_only
             or self._broken is not None
-            or env.envelope_id != f"{execution_id}#{sequence}.{fence}"
-            # The general path refuses a NaN or infinite time (batch_head); written here, NaN
-            # became NULL, refused as a duplicate envelope id, and an infinity was stored.
-            or not math.isfinite(env.recorded_at)
+            or not plain_record(env)
         ):
             return False
+        execution_id, sequence, fence = env.execution_id, env.sequence, env.fence
         loop = asyncio.get_running_loop()
         hot = self._hot_engine
         engine = hot[1] if hot is not None and hot[0]() is loop else self._engine(loop)
