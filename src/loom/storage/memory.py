@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Collection, Iterable, Mapping, Sequen
 from dataclasses import dataclass, field
 
 from loom import faults
+from loom._aio import LoopShare
 from loom.errors import (
     DuplicateEnvelopeIdError,
     LoomError,
@@ -96,6 +97,7 @@ class InMemoryStore:
         # Per execution, in arrival order: message id -> (message with JSON text, consumed).
         self._mailbox: dict[str, dict[str, tuple[Message, str, bool]]] = {}
         self._refs: dict[str, BranchRef] = {}
+        self._loop_share = LoopShare()
 
     def _check_open(self) -> None:
         if self._closed:
@@ -103,6 +105,8 @@ class InMemoryStore:
 
     async def append(self, envelopes: Sequence[Envelope]) -> None:
         execution_id, first, fence = batch_head(envelopes)
+        if self._loop_share.due():  # it awaits nothing else: see LoopShare
+            await self._loop_share.turn()
         self._check_open()
         faults.hit("before_append")
         with self._lock:

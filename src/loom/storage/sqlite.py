@@ -30,7 +30,6 @@ import contextlib
 import os
 import sqlite3
 import threading
-import time
 import weakref
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -38,6 +37,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from loom import faults
+from loom._aio import LoopShare
 from loom._settings import seconds_setting
 from loom.errors import (
     ConfigurationError,
@@ -123,10 +123,6 @@ os.register_at_fork(after_in_child=_forked)
 #: execution stepping at once in a busy process; beyond it they are forgotten and read again.
 _TAILS_KEPT = 4096
 
-#: The longest run of back-to-back writes committed on the event loop's thread before the
-#: next write lets the loop run once (see SQLiteStore._let_the_loop_run).
-SHARE_LOOP_EVERY = 0.005
-
 # What an attempt to begin a write transaction without waiting found.
 _BEGUN, _BUSY, _FAILED = object(), object(), object()
 
@@ -204,9 +200,8 @@ class SQLiteStore(SQLiteBranches, SQLiteIndexReads, SQLiteSideTables):
         #: other write went through the writer (``_run_batch`` clears it). Under _writer_lock.
         self._tails: dict[str, tuple[int, int, str]] = {}
         self._tails_version = -1
-        #: When the next write first lets the event loop run (time.monotonic; see
-        #: _let_the_loop_run).
-        self._share_loop_at = 0.0
+        #: Lets the event loop run now and then between writes committed on its thread.
+        self._loop_share = LoopShare()
         self._broken: BaseException | None = None
         self._closed = False
         memory = self.path == ":memory:"
@@ -320,8 +315,8 @@ class SQLiteStore(SQLiteBranches, SQLiteIndexReads, SQLiteSideTables):
     ) -> Any:
         """Commit one write: at once when it is alone (see ``_write``), else queued and
         coalesced with every write queued meanwhile (see ``_batching``)."""
-        if time.monotonic() >= self._share_loop_at:
-            await self._let_the_loop_run()
+        if self._loop_share.due():
+            await self._loop_share.turn()
         req, engine = self._write(apply, notify, feed)
         if engine is not None:
             return await engine.submit(req)
@@ -355,20 +350,6 @@ class SQLiteStore(SQLiteBranches, SQLiteIndexReads, SQLiteSideTables):
         if engine.commit_alone(req):
             return req, None
         return req, engine
-
-    async def _let_the_loop_run(self) -> None:
-        """Let the event loop run its other tasks once, before this write.
-
-        A lone write commits on the loop's thread and awaits nothing (see ``_write``), so a
-        flow stepping back to back never gave the loop a turn: a 2,000-step flow held it for
-        its whole 380 ms, and every other task of the process (lease heartbeats, timers, an
-        HTTP worker's requests) waited that long. The writes now let it run once every
-        ``SHARE_LOOP_EVERY`` seconds: a few µs per 5 ms of steps. Before the write, never
-        after it: a cancel that lands in this pause leaves nothing written, where one after
-        the commit would report a durable write as cancelled.
-        """
-        await asyncio.sleep(0)
-        self._share_loop_at = time.monotonic() + SHARE_LOOP_EVERY
 
     def _engine(self, loop: asyncio.AbstractEventLoop) -> GroupCommit[_Request]:
         engine = self._engines.get(loop)
@@ -568,8 +549,8 @@ class SQLiteStore(SQLiteBranches, SQLiteIndexReads, SQLiteSideTables):
     # ---------------------------------------------------------------- EventStore
 
     async def append(self, envelopes: Sequence[Envelope]) -> None:
-        if time.monotonic() >= self._share_loop_at:
-            await self._let_the_loop_run()
+        if self._loop_share.due():
+            await self._loop_share.turn()
         if len(envelopes) == 1:
             lone = self._append_lone(envelopes[0])
             if lone is True:
