@@ -299,10 +299,11 @@ def _shapes() -> list[Envelope]:
     base = _step("e", 3, 2)
     shapes = [base, _step("e", 1, 1), _start("e", 1)]
     for change in (
-        {"sequence": 0},
-        {"sequence": -1},
-        {"fence": 0},
-        {"fence": -4},
+        # Each with its own derived id, so that only the changed field can refuse it.
+        {"sequence": 0, "envelope_id": "e#0.2"},
+        {"sequence": -1, "envelope_id": "e#-1.2"},
+        {"fence": 0, "envelope_id": "e#3.0"},
+        {"fence": -4, "envelope_id": "e#3.-4"},
         {"payload_json": ""},
         {"recorded_at": float("nan")},
         {"recorded_at": float("inf")},

@@ -10,17 +10,26 @@ from tests.support import pg
 from tests.support.pg import drop_test_schema, new_schema_name, require_pg, tagged_dsn
 
 
+@pytest.mark.parametrize(
+    "left_open",
+    [
+        'SELECT * FROM "{schema}".t',  # a lock on a table in it
+        'CREATE TABLE "{schema}".u (x int)',  # a table not committed yet: no visible relation
+        "COMMENT ON SCHEMA \"{schema}\" IS 'busy'",  # a lock on the schema itself
+    ],
+    ids=["table", "uncommitted-table", "schema"],
+)
 async def test_a_schema_left_locked_is_dropped_and_its_holder_named(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, left_open: str
 ) -> None:
     dsn = require_pg()
     schema = new_schema_name()
-    monkeypatch.setattr(pg, "DROP_LOCK_TIMEOUT", "200ms")
+    monkeypatch.setattr(pg, "DROP_WAIT", 0.3)
     with psycopg.connect(tagged_dsn(dsn, "left-open-by-a-test")) as holder:
         holder.execute(f'CREATE SCHEMA "{schema}"')
         holder.execute(f'CREATE TABLE "{schema}".t (x int)')
         holder.commit()
-        holder.execute(f'SELECT * FROM "{schema}".t')  # idle in transaction, holding a lock
+        holder.execute(left_open.format(schema=schema))  # idle in transaction, holding a lock
         with pytest.raises(pytest.fail.Exception) as failed:
             await drop_test_schema(dsn, schema)
         assert "left-open-by-a-test" in str(failed.value)

@@ -8,13 +8,13 @@ dropped afterwards.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import itertools
 import os
 import secrets
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
 
 import psycopg
 import pytest
@@ -33,8 +33,8 @@ __all__ = [
     "terminate",
 ]
 
-#: How long a test's DROP SCHEMA waits for locks before it names and ends whoever holds them.
-DROP_LOCK_TIMEOUT = "15s"
+#: Seconds a test's DROP SCHEMA waits for locks before it names and ends whoever holds them.
+DROP_WAIT = 15.0
 
 _counter = itertools.count()
 
@@ -75,50 +75,47 @@ async def temp_schema(dsn: str) -> AsyncIterator[str]:
 
 
 async def drop_test_schema(dsn: str, schema: str) -> None:
-    """Drop ``schema``; if a session still holds locks in it, end that session and fail.
+    """Drop ``schema``; if a session still holds a lock the drop waits for, end it and fail.
 
     A test whose store or service left a transaction open used to hang here until the test's
-    timeout, with nothing saying who held the lock. This waits ``DROP_LOCK_TIMEOUT``, then
-    lists the holders (application, state, last query), terminates them so that the schema
-    goes, and fails the test with that list.
+    timeout, with nothing saying who held the lock. The drop runs on one connection while
+    another watches it: after ``DROP_WAIT`` seconds the sessions blocking it (whatever they
+    lock: a table, the schema itself, a table they are still creating) are listed with their
+    application, state and last query, terminated so that the schema goes, and the test fails
+    with that list. Every wait is bounded.
     """
     if not SCHEMA_NAME.fullmatch(schema):
         raise ValueError(f"not a Loom schema name: {schema!r}")
     drop = f'DROP SCHEMA IF EXISTS "{schema}" CASCADE'
-    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-        await conn.execute(f"SET lock_timeout = '{DROP_LOCK_TIMEOUT}'")
-        try:
-            await conn.execute(drop)
+    async with (
+        await psycopg.AsyncConnection.connect(dsn, autocommit=True) as dropper,
+        await psycopg.AsyncConnection.connect(dsn, autocommit=True) as watcher,
+    ):
+        dropping = asyncio.ensure_future(dropper.execute(drop))
+        done, _ = await asyncio.wait({dropping}, timeout=DROP_WAIT)
+        if done:
+            dropping.result()  # its error, if it failed
             return
-        except psycopg.errors.LockNotAvailable:
-            pass
-        holders = await _holders_of_locks_in(conn, schema)
-        await conn.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_locks l "
-            "JOIN pg_class c ON c.oid = l.relation JOIN pg_namespace n ON n.oid = c.relnamespace "
-            "WHERE n.nspname = %s AND l.pid <> pg_backend_pid()",
-            (schema,),
+        cur = await watcher.execute(
+            "SELECT pid, application_name, state, left(query, 200) FROM pg_stat_activity "
+            "WHERE pid = ANY(pg_blocking_pids(%s))",
+            (dropper.info.backend_pid,),
         )
-        await conn.execute("SET lock_timeout = 0")
-        await conn.execute(drop)
+        blockers = await cur.fetchall()
+        for pid, *_ in blockers:
+            await watcher.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        done, _ = await asyncio.wait({dropping}, timeout=DROP_WAIT)
+        if not done:
+            await watcher.execute("SELECT pg_cancel_backend(%s)", (dropper.info.backend_pid,))
+            await asyncio.wait({dropping}, timeout=DROP_WAIT)
+    holders = [f"pid {pid} ({app or '?'}, {state}): {query}" for pid, app, state, query in blockers]
     pytest.fail(
-        f"schema {schema} was still locked {DROP_LOCK_TIMEOUT} after the test: something it "
-        "started left a transaction open. Terminated: " + "; ".join(holders or ["(none found)"]),
+        f"dropping schema {schema} still waited {DROP_WAIT} s after the test: something it "
+        "started left a transaction open. Terminated: "
+        + "; ".join(holders or ["(none found)"])
+        + ("" if done else "; the drop still waited after that and was cancelled"),
         pytrace=False,
     )
-
-
-async def _holders_of_locks_in(conn: psycopg.AsyncConnection[Any], schema: str) -> list[str]:
-    cur = await conn.execute(
-        "SELECT DISTINCT a.pid, a.application_name, a.state, left(a.query, 200) "
-        "FROM pg_locks l JOIN pg_class c ON c.oid = l.relation "
-        "JOIN pg_namespace n ON n.oid = c.relnamespace "
-        "JOIN pg_stat_activity a ON a.pid = l.pid "
-        "WHERE n.nspname = %s AND a.pid <> pg_backend_pid()",
-        (schema,),
-    )
-    rows = await cur.fetchall()
-    return [f"pid {pid} ({app or '?'}, {state}): {query}" for pid, app, state, query in rows]
 
 
 def tagged_dsn(dsn: str, tag: str) -> str:

@@ -106,11 +106,17 @@ def decode_json(text: str | bytes, *, limits: PayloadLimits = DEFAULT_LIMITS) ->
     if len(text) > limits.max_bytes * 4:
         raise PayloadError(f"document is over the {limits.max_bytes}-byte limit")
     try:
-        if isinstance(text, bytes):
-            # What json.loads does with bytes (UTF-8, -16 or -32, by the leading bytes).
+        # What json.loads does before decoding: bytes in UTF-8, -16 or -32 by their leading
+        # bytes; a str must not start with a BOM.
+        if isinstance(text, str):
+            if text.startswith("\ufeff"):
+                raise json.JSONDecodeError("Unexpected UTF-8 BOM (decode using utf-8-sig)", text, 0)
+        elif isinstance(text, (bytes, bytearray)):
             text = text.decode(json.detect_encoding(text), "surrogatepass")
-        elif text.startswith("\ufeff"):
-            raise ValueError("Unexpected UTF-8 BOM (decode using utf-8-sig)")
+        else:
+            raise TypeError(
+                f"the JSON object must be str, bytes or bytearray, not {type(text).__name__}"
+            )
         value = _DECODER.decode(text)
     except (ValueError, RecursionError) as exc:
         raise PayloadError(f"not valid JSON: {exc}") from exc
