@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 import loom
-from loom._aio import SHARE_LOOP_EVERY
+from loom._aio import SHARE_LOOP_EVERY, LoopShare
+from tests.storage.test_lone_append import _start, _step
 
 
 @loom.step(id="noop")
@@ -66,3 +67,36 @@ async def test_a_flow_stepping_back_to_back_leaves_the_loop_to_other_tasks(
     assert took > 8 * SHARE_LOOP_EVERY, took  # long enough to tell the two apart
     assert len(during) >= 5, (len(during), took)
     assert statistics.median(gaps) < took / 10, (statistics.median(gaps), took)
+
+
+class _CancelledInItsTurn(LoopShare):
+    """Due at once; its turn is where a cancel lands (nothing else is ready on the loop, so the
+    write itself takes the store's lone path)."""
+
+    def due(self) -> bool:
+        return True
+
+    async def turn(self) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        task.cancel()
+        await super().turn()
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "memory"])
+async def test_a_cancel_during_the_loops_turn_leaves_nothing_written(
+    tmp_path: Path, kind: str
+) -> None:
+    # The turn comes before the write: a write cancelled in it is not in the log. Were it after
+    # the commit, the caller would be told "cancelled" of a record that is durable.
+    store = loom.SQLiteStore(tmp_path / "loom.db") if kind == "sqlite" else loom.InMemoryStore()
+    fence = await store.acquire_fence("e")
+    await store.append([_start("e", fence)])
+    store._loop_share = _CancelledInItsTurn()  # the next write takes a turn, cancelled in it
+    with pytest.raises(asyncio.CancelledError):
+        await store.append([_step("e", 1, fence)])
+    assert await store.last_sequence("e") == 0
+    store._loop_share = LoopShare()
+    await store.append([_step("e", 1, fence)])  # and the store writes on as before
+    assert await store.last_sequence("e") == 1
+    await store.close()
