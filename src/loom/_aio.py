@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-__all__ = ["SHARE_LOOP_EVERY", "LoopShare", "raise_if_cancel_swallowed"]
+__all__ = ["SHARE_LOOP_EVERY", "LoopShare", "cancel_requested", "raise_if_cancel_swallowed"]
 
 #: The longest run of back-to-back writes a store commits without awaiting before the next one
 #: first lets the event loop run once (see LoopShare).
@@ -49,6 +49,11 @@ def raise_if_cancel_swallowed() -> None:
     ``stop()`` would wait forever. Calling this once per round turns that lost cancel back into
     the CancelledError the loop was meant to see.
     """
-    task = asyncio.current_task()
-    if task is not None and task.cancelling() > 0:
+    if cancel_requested():
         raise asyncio.CancelledError
+
+
+def cancel_requested() -> bool:
+    """Whether the current task has a cancel request that nothing has taken back (uncancel)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0

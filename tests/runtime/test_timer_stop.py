@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -164,3 +165,45 @@ async def test_stop_ends_the_service_even_if_a_wait_under_it_swallowed_the_cance
         await service.stop()
     assert store.swallowed == 1
     assert not service.running
+
+
+class _SwallowingClaims(loom.InMemoryStore):
+    """Its first claim waits, and drops a cancel as Python 3.11's ``asyncio.wait_for`` does
+    when the awaited call completes as the cancel lands; it then answers with its batch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.claiming = asyncio.Event()
+        self.claims = 0
+
+    async def claim_due_timers(self, *args: Any, **kwargs: Any) -> list[loom.storage.Timer]:
+        self.claims += 1
+        if self.claims == 1:
+            self.claiming.set()
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                pass  # swallowed: not re-raised, uncancel() not called
+        return await super().claim_due_timers(*args, **kwargs)
+
+
+async def test_a_cancel_swallowed_by_a_claim_stops_the_drain_before_the_next_claim() -> None:
+    store = _SwallowingClaims()
+    for i in range(6):
+        await store.schedule_timer(loom.storage.Timer(f"e{i}", 1, 0.0, "sleep", "f"))
+    woken: list[str] = []
+
+    async def wake(timer: loom.storage.Timer) -> WakeOutcome:
+        woken.append(timer.execution_id)
+        return WakeOutcome.FIRED
+
+    service = TimerService(store, wake, batch=2)
+    draining = asyncio.create_task(service.run_due())
+    async with asyncio.timeout(10):
+        await store.claiming.wait()
+        draining.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await draining
+    # Before the fix it claimed on, and woke every timer after the cancel.
+    assert store.claims == 1
+    assert len(woken) <= 2

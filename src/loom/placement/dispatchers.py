@@ -6,6 +6,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 
+from loom._aio import cancel_requested
 from loom.errors import CircuitOpenError, ConfigurationError, DispatchError
 from loom.placement._spi import (
     DISPATCHER_SPI_VERSION,
@@ -82,7 +83,7 @@ class LocalDispatcher:
             try:
                 return await task
             except asyncio.CancelledError:
-                if task.cancelled() and not _current_task_cancelling():
+                if task.cancelled() and not cancel_requested():
                     raise DispatchError(
                         f"dispatch of {eid!r} was cancelled", execution_id=eid
                     ) from None
@@ -119,11 +120,6 @@ class LocalDispatcher:
         worker = await self.worker.health()
         in_flight = sum(len(t) for t in self._in_flight.values())
         return Health(worker.healthy, in_flight, {"worker": worker.detail})
-
-
-def _current_task_cancelling() -> bool:
-    task = asyncio.current_task()
-    return task is not None and task.cancelling() > 0
 
 
 class SupervisingDispatcher:

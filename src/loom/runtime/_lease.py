@@ -87,6 +87,7 @@ class Heartbeat:
             for driver in list(self._drivers):
                 if not driver.done.is_set():
                     await self._renew(driver)
+                    raise_if_cancel_swallowed()
 
     async def stop(self) -> None:
         task, self._task = self._task, None

@@ -298,6 +298,9 @@ class TimerService:
 
         try:
             while True:
+                # A claim's pool wait may have dropped the cancel of stop(): claiming on would
+                # wake the whole backlog after it.
+                raise_if_cancel_swallowed()
                 due = await self.store.claim_due_timers(
                     self.clock.now(),
                     owner=self.owner,
