@@ -28,6 +28,7 @@ async def steps_then_gate(ctx: loom.WorkflowContext, steps: int) -> int:
 
 
 async def _suspend(tmp_path: Path, steps: int) -> tuple[SQLiteStore, loom.WorkflowRuntime, str]:
+    tmp_path.mkdir(parents=True, exist_ok=True)
     store = SQLiteStore(tmp_path / "loom.db")
     rt = loom.WorkflowRuntime(store, snapshot_every=10_000)
     rt.register(steps_then_gate)
@@ -61,5 +62,21 @@ async def test_a_long_suspension_is_snapshotted(tmp_path: Path) -> None:
     assert snap.sequence == await store.last_sequence(eid)
     handle = await rt.resume(eid, "Go", {"n": 1})
     assert await handle.result(timeout=10) == sum(range(1, SUSPEND_SNAPSHOT_MIN_EVENTS + 1)) + 1
+    await rt.close()
+    await store.close()
+
+
+async def test_the_threshold_is_exactly_the_events_since_the_last_snapshot(tmp_path: Path) -> None:
+    # A new execution's log before its gate: the start, `steps` step records, the suspension.
+    at = SUSPEND_SNAPSHOT_MIN_EVENTS - 2  # the smallest such log of MIN events
+    store, rt, eid = await _suspend(tmp_path / "at", at)
+    assert await store.last_sequence(eid) + 1 == SUSPEND_SNAPSHOT_MIN_EVENTS
+    await until(lambda: store.load_snapshot(eid), f"{eid}'s suspension snapshot")
+    await rt.close()
+    await store.close()
+    store, rt, eid = await _suspend(tmp_path / "below", at - 1)
+    handle = await rt.resume(eid, "Go", {"n": 0})
+    await handle.result(timeout=10)
+    assert await store.load_snapshot(eid) is None  # one event short
     await rt.close()
     await store.close()
