@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 import loom
 from loom.model import ExecutionStatus
+from loom.runtime._clock import SystemClock
+from loom.runtime._lease import Heartbeat
 from loom.runtime.timers import TimerService, WakeOutcome
 
 # Rounds of stopping 0..TURNS-1 event-loop turns after a sleep kicked the service, so the stop
@@ -207,3 +210,45 @@ async def test_a_cancel_swallowed_by_a_claim_stops_the_drain_before_the_next_cla
     # Before the fix it claimed on, and woke every timer after the cancel.
     assert store.claims == 1
     assert len(woken) <= 2
+
+
+class _SwallowingRenewals(loom.InMemoryStore):
+    """Its first lease renewal waits, and drops a cancel the way ``asyncio.wait_for`` can."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.renewing = asyncio.Event()
+        self.renewals = 0
+
+    async def renew_lease(self, execution_id: str, **kwargs: Any) -> bool:
+        self.renewals += 1
+        if self.renewals == 1:
+            self.renewing.set()
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                pass  # swallowed: not re-raised, uncancel() not called
+        return await super().renew_lease(execution_id, **kwargs)
+
+
+class _Driving:
+    """Only what the heartbeat reads of a driver (the logic above the store is under test)."""
+
+    def __init__(self) -> None:
+        self.done = asyncio.Event()
+        self.fenced_out = None
+        self.deferred = None
+        self.fence = 1
+        self.state = SimpleNamespace(execution_id="e", status=ExecutionStatus.RUNNING)
+
+
+async def test_stopping_the_lease_heartbeat_ends_it_even_if_a_renewal_swallowed_the_cancel() -> (
+    None
+):
+    store = _SwallowingRenewals()
+    heartbeat = Heartbeat(store, SystemClock(), ttl=0.03)
+    await heartbeat.begin(_Driving())  # type: ignore[arg-type]
+    async with asyncio.timeout(5):  # before the fix: renewed on, and stop() never returned
+        await store.renewing.wait()
+        await heartbeat.stop()
+    assert store.renewals == 1
