@@ -134,9 +134,19 @@ async def test_timers_false_serves_only_when_asked(tmp_path: Path) -> None:
         assert not rt.timers.running
 
 
+async def _swallow_a_cancel(waiting: asyncio.Event) -> None:
+    """Set ``waiting``, wait until cancelled, and drop the cancel the way Python 3.11's
+    ``asyncio.wait_for`` does when the awaited call completes as it lands (psycopg_pool's
+    getconn waits so): not re-raised, and ``uncancel()`` not called, so the request stays."""
+    waiting.set()
+    try:
+        await asyncio.Event().wait()
+    except asyncio.CancelledError:
+        pass
+
+
 class _SwallowingStore(loom.InMemoryStore):
-    """Its ``next_timer_due`` drops a cancel the way Python 3.11's ``asyncio.wait_for`` does
-    when the awaited call completes as the cancel lands (psycopg_pool's getconn waits so)."""
+    """Its first ``next_timer_due`` drops a cancel (see _swallow_a_cancel)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -144,13 +154,10 @@ class _SwallowingStore(loom.InMemoryStore):
         self.swallowed = 0
 
     async def next_timer_due(self) -> float | None:
-        self.polling.set()
         if self.swallowed:
             await asyncio.Event().wait()  # later polls block, and a new cancel ends them
-        try:
-            await asyncio.Event().wait()
-        except asyncio.CancelledError:
-            self.swallowed += 1  # not re-raised, and uncancel() not called: the request stays
+        await _swallow_a_cancel(self.polling)
+        self.swallowed += 1
         return None
 
 
@@ -171,8 +178,7 @@ async def test_stop_ends_the_service_even_if_a_wait_under_it_swallowed_the_cance
 
 
 class _SwallowingClaims(loom.InMemoryStore):
-    """Its first claim waits, and drops a cancel as Python 3.11's ``asyncio.wait_for`` does
-    when the awaited call completes as the cancel lands; it then answers with its batch."""
+    """Its first claim drops a cancel (see _swallow_a_cancel), then answers with its batch."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -182,11 +188,7 @@ class _SwallowingClaims(loom.InMemoryStore):
     async def claim_due_timers(self, *args: Any, **kwargs: Any) -> list[loom.storage.Timer]:
         self.claims += 1
         if self.claims == 1:
-            self.claiming.set()
-            try:
-                await asyncio.Event().wait()
-            except asyncio.CancelledError:
-                pass  # swallowed: not re-raised, uncancel() not called
+            await _swallow_a_cancel(self.claiming)
         return await super().claim_due_timers(*args, **kwargs)
 
 
@@ -213,7 +215,7 @@ async def test_a_cancel_swallowed_by_a_claim_stops_the_drain_before_the_next_cla
 
 
 class _SwallowingRenewals(loom.InMemoryStore):
-    """Its first lease renewal waits, and drops a cancel the way ``asyncio.wait_for`` can."""
+    """Its first lease renewal drops a cancel (see _swallow_a_cancel)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -223,11 +225,7 @@ class _SwallowingRenewals(loom.InMemoryStore):
     async def renew_lease(self, execution_id: str, **kwargs: Any) -> bool:
         self.renewals += 1
         if self.renewals == 1:
-            self.renewing.set()
-            try:
-                await asyncio.Event().wait()
-            except asyncio.CancelledError:
-                pass  # swallowed: not re-raised, uncancel() not called
+            await _swallow_a_cancel(self.renewing)
         return await super().renew_lease(execution_id, **kwargs)
 
 
