@@ -11,6 +11,11 @@ this shared machine hits every row alike), the median round reported:
   connection in autocommit, sent as the store sends a lone write (``_postgres_lean``: its own
   prepared statement, parameters encoded to text, libpq calls), ``notify`` on and off: the
   SQL's cost with no engine and no store Python around it.
+* ``floor (lean)``: the floor's ``INSERT`` sent as the store sends its lone write: the floor
+  the statements below are compared with (the same client path, so their ratio is the SQL's).
+* ``events INSERT alone`` / ``heads UPDATE alone``: each half of the append statement as a
+  statement of its own (raw, lean, autocommit, on the store's own tables): each alone costs
+  what the floor does; it is writing both tables in one transaction that costs more.
 * ``store.append``: ``PostgresStore.append([envelope])`` with envelopes built beforehand: the
   statement plus the store and its group-commit engine.
 * ``runtime step``: a flow of ``--steps`` ``ctx.run`` steps (as ``bench.peers``' per-step row),
@@ -271,6 +276,50 @@ async def run(steps: int, rounds: int) -> list[Row]:
 
         return body
 
+    floor_lean_sql = f"INSERT INTO {FLOOR_TABLE} (id, payload) VALUES (%s, %s) RETURNING 1"
+
+    async def floor_lean(n: int) -> None:
+        i = counter["floor"]
+        counter["floor"] = i + n
+        encoded = [lean_values(floor_lean_sql, (k, PAYLOAD)) for k in range(i, i + n)]
+        _refresh_backends(sync_conn)
+        start = Snap()
+        for values in encoded:
+            assert values is not None
+            await lean.execute(*values)
+        rows["floor (lean)"].add(n, start)
+
+    def half_body(half: str) -> Callable[[int], Awaitable[None]]:
+        store = stores[False]
+        table = f'"{schema}".events' if half == "insert" else f'"{schema}".heads'
+        sql = (
+            f"INSERT INTO {table} (execution_id, sequence, envelope_id, type, payload,"
+            " recorded_at, fence, checksum) VALUES (%s, %s, '', %s, %s, %s, %s, %s) RETURNING 1"
+            if half == "insert"
+            else f"UPDATE {table} SET next_sequence = %s WHERE execution_id = %s RETURNING 1"
+        )
+
+        async def body(n: int) -> None:
+            eid, fence = await fresh(store, f"half-{half}")
+            evs = envelopes(eid, fence, n + 1)[1:]
+            encoded = [
+                lean_values(
+                    sql,
+                    (eid, e.sequence, str(e.type), e.payload_json, e.recorded_at, fence, "x" * 32)
+                    if half == "insert"
+                    else (e.sequence + 1, eid),
+                )
+                for e in evs
+            ]
+            _refresh_backends(sync_conn)
+            start = Snap()
+            for values in encoded:
+                assert values is not None
+                await lean.execute(*values)
+            rows[f"{'events INSERT' if half == 'insert' else 'heads UPDATE'} alone"].add(n, start)
+
+        return body
+
     def store_body(notify: bool) -> Callable[[int], Awaitable[None]]:
         store = stores[notify]
 
@@ -298,6 +347,9 @@ async def run(steps: int, rounds: int) -> list[Row]:
         ("runtime step (200-step flow)", runtime_body),
     ]
     timed_inside = [
+        ("floor (lean)", floor_lean),
+        ("events INSERT alone", half_body("insert")),
+        ("heads UPDATE alone", half_body("update")),
         ("append statement, notify=on", stmt_body(True)),
         ("append statement, notify=off", stmt_body(False)),
         ("store.append, notify=on", store_body(True)),
