@@ -257,6 +257,15 @@ async def run(steps: int, rounds: int) -> list[Row]:
             "sum": e.checksum(),
         }
 
+    async def timed_lean(row: str, encoded: list[Any]) -> None:
+        """Send each of ``encoded`` (built beforehand) as the store sends a lone write, timed."""
+        _refresh_backends(sync_conn)
+        start = Snap()
+        for values in encoded:
+            assert values is not None
+            await lean.execute(*values)
+        rows[row].add(len(encoded), start)
+
     def stmt_body(notify: bool) -> Callable[[int], Awaitable[None]]:
         store = stores[notify]
         sql = store._sql.events("append", one=True)
@@ -267,12 +276,7 @@ async def run(steps: int, rounds: int) -> list[Row]:
             first = envelopes(eid, fence, n + 1)
             await store.append(first[:1])
             encoded = [lean_values(sql, raw_params(store, e)) for e in first[1:]]
-            _refresh_backends(sync_conn)
-            start = Snap()
-            for values in encoded:
-                assert values is not None
-                await lean.execute(*values)
-            rows[f"append statement, notify={'on' if notify else 'off'}"].add(n, start)
+            await timed_lean(f"append statement, notify={'on' if notify else 'off'}", encoded)
 
         return body
 
@@ -282,12 +286,7 @@ async def run(steps: int, rounds: int) -> list[Row]:
         i = counter["floor"]
         counter["floor"] = i + n
         encoded = [lean_values(floor_lean_sql, (k, PAYLOAD)) for k in range(i, i + n)]
-        _refresh_backends(sync_conn)
-        start = Snap()
-        for values in encoded:
-            assert values is not None
-            await lean.execute(*values)
-        rows["floor (lean)"].add(n, start)
+        await timed_lean("floor (lean)", encoded)
 
     def half_body(half: str) -> Callable[[int], Awaitable[None]]:
         store = stores[False]
@@ -311,12 +310,8 @@ async def run(steps: int, rounds: int) -> list[Row]:
                 )
                 for e in evs
             ]
-            _refresh_backends(sync_conn)
-            start = Snap()
-            for values in encoded:
-                assert values is not None
-                await lean.execute(*values)
-            rows[f"{'events INSERT' if half == 'insert' else 'heads UPDATE'} alone"].add(n, start)
+            name = "events INSERT" if half == "insert" else "heads UPDATE"
+            await timed_lean(f"{name} alone", encoded)
 
         return body
 
