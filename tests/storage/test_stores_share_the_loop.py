@@ -18,40 +18,15 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
+from collections.abc import Iterator
 
 import pytest
 
 import loom
 from loom._aio import SHARE_LOOP_EVERY, LoopShare
 from loom.storage import Store
+from tests.conftest import Backend
 from tests.storage.test_lone_append import _start, _step
-
-KINDS = ["sqlite", "memory", pytest.param("postgres", marks=pytest.mark.postgres)]
-
-
-@pytest.fixture
-async def make_store(tmp_path: Path) -> AsyncIterator[dict[str, str]]:
-    """Where each kind of store lives: a SQLite file, or a fresh PostgreSQL schema."""
-    where = {"sqlite": str(tmp_path / "loom.db")}
-    yield where
-    if "postgres" in where:
-        from tests.support.pg import drop_test_schema
-
-        await drop_test_schema(where["postgres"], where["schema"])
-
-
-def _open(kind: str, where: dict[str, str]) -> Store:
-    if kind == "sqlite":
-        return loom.SQLiteStore(where["sqlite"])
-    if kind == "memory":
-        return loom.InMemoryStore()
-    from loom.storage.postgres import PostgresStore
-    from tests.support.pg import new_schema_name, require_pg
-
-    where["postgres"], where["schema"] = require_pg(), new_schema_name()
-    return PostgresStore(where["postgres"], schema=where["schema"])
 
 
 @loom.step(id="noop")
@@ -67,20 +42,19 @@ async def back_to_back(ctx: loom.WorkflowContext, n: int) -> int:
 
 
 @pytest.mark.parametrize("waits_on", ["timer", "io"])
-@pytest.mark.parametrize("kind", KINDS)
 async def test_a_flow_stepping_back_to_back_leaves_the_loop_to_other_tasks(
-    make_store: dict[str, str], kind: str, waits_on: str
+    backend: Backend, waits_on: str
 ) -> None:
     turns: list[float] = []
     done = asyncio.Event()
-    store = _open(kind, make_store)
+    store = backend.store()
     with _socket_fed_every_millisecond() as ours:
         async with loom.WorkflowRuntime(store) as rt:
             rt.register(back_to_back)
             other = asyncio.create_task(_note_turns(turns, done, waits_on, ours))
             await asyncio.sleep(0)
             began = time.perf_counter()
-            steps = 10_000 if kind == "memory" else 2_000  # in memory a step takes ~20 µs
+            steps = 10_000 if backend.kind == "memory" else 2_000  # in memory a step takes ~20 µs
             handle = await rt.start(back_to_back, steps)
             assert await handle.result(timeout=60) == steps
             took = time.perf_counter() - began
@@ -89,23 +63,22 @@ async def test_a_flow_stepping_back_to_back_leaves_the_loop_to_other_tasks(
     _assert_turns_all_through(turns, began, took)
 
 
-@pytest.mark.parametrize("kind", KINDS)
 async def test_a_stores_writes_back_to_back_leave_the_loop_to_a_task_waiting_on_io(
-    make_store: dict[str, str], kind: str
+    backend: Backend,
 ) -> None:
     # Through the store alone: no runtime, so no timer of its own on the loop (PostgreSQL's
     # blocking wait would have stopped at one). Without the turns, the socket's task ran only
     # after the last write (PostgreSQL: its socket's buffer filled up unread).
     turns: list[float] = []
     done = asyncio.Event()
-    store = _open(kind, make_store)
+    store = backend.store()
     fence = await store.acquire_fence("e")
     await store.append([_start("e", fence)])
     with _socket_fed_every_millisecond() as ours:
         other = asyncio.create_task(_note_turns(turns, done, "io", ours))
         await asyncio.sleep(0)
         began = time.perf_counter()
-        writes = 20_000 if kind == "memory" else 2_000
+        writes = 20_000 if backend.kind == "memory" else 2_000
         for seq in range(1, writes + 1):
             await store.append([_step("e", seq, fence)])
         took = time.perf_counter() - began
@@ -193,20 +166,19 @@ def _share_loop(store: Store, share: LoopShare) -> None:
     lean.loop_share = share
 
 
-@pytest.mark.parametrize("kind", KINDS)
-async def test_a_cancel_during_the_loops_turn_leaves_nothing_written(
-    make_store: dict[str, str], kind: str
-) -> None:
+async def test_a_cancel_during_the_loops_turn_leaves_nothing_written(backend: Backend) -> None:
     # The turn comes before the write: a write cancelled in it is not in the log. Were it after
     # the commit, the caller would be told "cancelled" of a record that is durable.
-    store = _open(kind, make_store)
+    store = backend.store()
     fence = await store.acquire_fence("e")
     await store.append([_start("e", fence)])
     _share_loop(store, _CancelledInItsTurn())  # the next write takes a turn, cancelled in it
     with pytest.raises(asyncio.CancelledError):
         await store.append([_step("e", 1, fence)])
     assert await store.last_sequence("e") == 0
-    if kind != "postgres":  # PostgreSQL's writer handed its connection back; the next is new
+    if (
+        backend.kind != "postgres"
+    ):  # PostgreSQL's writer handed its connection back; the next is new
         _share_loop(store, LoopShare())
     await store.append([_step("e", 1, fence)])  # and the store writes on as before
     assert await store.last_sequence("e") == 1
