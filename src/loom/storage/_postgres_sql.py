@@ -184,6 +184,9 @@ MIGRATIONS: dict[int, tuple[Step, ...]] = {
         'CREATE UNIQUE INDEX events_envelope_id ON {s}.events (envelope_id COLLATE "C")'
         " WHERE envelope_id <> ''",
     ),
+    # Watched heads (see loom.storage._schema): an append notifies only for a watched head. A
+    # constant default adds the column without rewriting the table.
+    11: ("ALTER TABLE {s}.heads ADD COLUMN watched boolean NOT NULL DEFAULT false",),
 }
 
 # One statement per append or take-over. The INSERT reads from the head write's RETURNING, so a
@@ -202,7 +205,16 @@ WITH {lock}moved AS (
 SELECT (SELECT count(*) FROM moved), {notify}
 """
 
-_NOTIFY = "(SELECT count(pg_notify(%(channel)s, %(note)s)) FROM moved)"
+# Sent only for a head some process's wait_for_append has marked watched (rung 11), or for a
+# start: a waiter of an execution that does not exist yet has no head to mark. The head write
+# returns the flag from the row it locked, which is the newest version (READ COMMITTED
+# re-reads a row updated since the statement's snapshot), so a mark committed before this
+# append locked the head is seen here; one committed after it waited for this commit and read
+# its tail (see PostgresStore._watch_last).
+_NOTIFY = (
+    "(SELECT count(pg_notify(%(channel)s, %(note)s)) FROM moved "
+    "WHERE moved.watched OR %(first)s::bigint = 0)"
+)
 _NOTIFY_FEED = "(SELECT count(pg_notify(%(channel)s, %(feed)s)) FROM idx)"
 
 # The blobs an append names first (an agent's messages), in the same statement, so the same
@@ -276,7 +288,7 @@ _MOVE_APPEND = (
     AND """
     + _NOT_ENDED
     + """ {gate}
-    RETURNING execution_id"""
+    RETURNING execution_id, watched"""
 )
 _MOVE_TAKE_OVER = (
     """UPDATE {s}.heads SET fence = %(fence)s, next_sequence = %(end)s
@@ -284,12 +296,12 @@ _MOVE_TAKE_OVER = (
     AND """
     + _NOT_ENDED
     + """ {gate}
-    RETURNING execution_id"""
+    RETURNING execution_id, watched"""
 )
 _MOVE_CREATE = """INSERT INTO {s}.heads (execution_id, fence, next_sequence)
     SELECT %(eid)s, %(fence)s, %(end)s WHERE %(from)s = 0 AND %(first)s = 0 {gate}
     ON CONFLICT (execution_id) DO NOTHING
-    RETURNING execution_id"""
+    RETURNING execution_id, watched"""
 
 # Most appends carry one envelope: scalar parameters cost far less to send than arrays.
 _ONE_ROW = (
@@ -329,7 +341,7 @@ WITH lk AS (
     WHERE h.execution_id = r.eid AND h.fence = r.from_fence AND h.next_sequence = r.first
     AND NOT EXISTS (SELECT 1 FROM {{s}}.events e WHERE e.execution_id = r.eid
         AND e.sequence = r.first - 1 AND e.type IN ({terminal}))
-    RETURNING h.execution_id
+    RETURNING h.execution_id, h.watched
 ), ins AS (
     INSERT INTO {{s}}.events
         (execution_id, sequence, envelope_id, type, payload, recorded_at, fence, checksum)
@@ -353,7 +365,7 @@ SELECT (SELECT coalesce(array_agg(execution_id), '{{{{}}}}') FROM moved), {notif
 """
 _NOTIFY_MANY = (
     "(SELECT count(pg_notify(%(channel)s, CASE WHEN octet_length(m.execution_id) <= "
-    "%(note_max)s THEN m.execution_id ELSE '' END)) FROM moved m) + "
+    "%(note_max)s THEN m.execution_id ELSE '' END)) FROM moved m WHERE m.watched) + "
     "(SELECT count(pg_notify(%(channel)s, %(feed)s)) FROM (SELECT 1 FROM idx LIMIT 1) f)"
 )
 
@@ -485,6 +497,7 @@ class Statements:
     probe_many: str
     probe_many_lock: str
     last: str
+    watch: str
     current_fence: str
     snapshot_load: str
     ids_first: str
@@ -588,6 +601,11 @@ def statements(schema: str, *, notify: bool) -> Statements:
             "ORDER BY execution_id FOR SHARE"
         ),
         last=f"SELECT next_sequence FROM {s}.heads WHERE execution_id = %s",
+        # Always a write (never "AND NOT watched"): it must take the head's lock, so that it
+        # waits for an append in flight and returns the tail that append left.
+        watch=(
+            f"UPDATE {s}.heads SET watched = true WHERE execution_id = %s RETURNING next_sequence"
+        ),
         current_fence=f"SELECT fence FROM {s}.heads WHERE execution_id = %s",
         # The whole row first (kind 0), then its segments in order: one query.
         snapshot_load=(

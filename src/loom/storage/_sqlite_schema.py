@@ -168,6 +168,7 @@ MIGRATIONS: dict[int, tuple[Step, ...]] = {
     8: _V8,
     9: _V9,
     10: _V10,
+    11: (),  # watched heads: PostgreSQL's LISTEN/NOTIFY only
 }
 
 

@@ -9,7 +9,9 @@
   by asking the database (``loom.storage._postgres_commit``).
 * ``wait_for_append`` is woken by ``pg_notify`` inside the append transaction, received on a
   dedicated ``LISTEN`` connection that reconnects by itself; a slow poll is only a safety net
-  (``loom.storage._postgres_listen``).
+  (``loom.storage._postgres_listen``). An append notifies only when its head is marked watched
+  (the first wait of an execution, from any process, marks it) or when it starts an execution,
+  so a step nobody waits for elsewhere pays no notify.
 * Timers (the ``TimerStore`` side) are rows claimed with one ``UPDATE ... WHERE (id, position)
   IN (SELECT ... FOR UPDATE SKIP LOCKED) RETURNING``: many timer services over one database
   never claim the same timer at once, and a claim expires after its lease.
@@ -108,6 +110,9 @@ from loom.storage._spi import (
 )
 
 __all__ = ["SCHEMA_VERSION", "PostgresStore"]
+
+#: How many executions a store remembers having marked watched (see _watch_last).
+_WATCHED_KEPT = 100_000
 
 
 def _storable(value: str, what: str) -> None:
@@ -243,6 +248,9 @@ class PostgresStore(PostgresBranches):
             waiting=self._waiting,
         )
         self._listening = self._listener.listening
+        #: Executions this store has marked watched (rung 11): the mark is never cleared, so
+        #: a later wait of the same execution reads its tail plainly (see _watch_last).
+        self._watched: set[str] = set()
 
     # ---------------------------------------------------------------- opening
 
@@ -655,6 +663,26 @@ class PostgresStore(PostgresBranches):
         rows = await self._fetch(self._sql.last, (execution_id,))
         return int(rows[0][0]) - 1 if rows else -1
 
+    async def _watch_last(self, execution_id: str) -> int:
+        """:meth:`last_sequence` for a waiter listening for appends: the first time, it also
+        marks the head watched, so that every append from then on notifies.
+
+        The mark is an ``UPDATE`` that takes the head's row lock, which every append takes
+        too: an append in flight commits first and the mark returns the tail it left; an append
+        that locks the head after the mark committed sees the flag and notifies. Neither can
+        slip between the waiter's read and its sleep. An execution with no head yet stays
+        unmarked (its start always notifies) and is marked on the next read.
+        """
+        if execution_id in self._watched or "\x00" in execution_id:
+            return await self.last_sequence(execution_id)
+        rows = await self._fetch(self._sql.watch, (execution_id,))
+        if not rows:
+            return -1
+        if len(self._watched) >= _WATCHED_KEPT:
+            self._watched.clear()  # marking again costs one UPDATE; forgetting costs nothing
+        self._watched.add(execution_id)
+        return int(rows[0][0]) - 1
+
     async def acquire_fence(self, execution_id: str) -> int:
         """See :meth:`loom.storage.EventStore.acquire_fence`."""
         self._writable()
@@ -701,6 +729,10 @@ class PostgresStore(PostgresBranches):
         this store object at once. A wait that starts while the listener cannot connect polls
         every ``poll_interval``; one under way when the listener drops re-checks when it
         drops and when it is back, and every ``safety_poll_interval`` in any case.
+
+        The first wait of an execution marks its head watched (one ``UPDATE``; appends notify
+        only watched heads, and starts). A read-only store cannot mark it, so its waits poll
+        every ``poll_interval``.
         """
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
@@ -717,11 +749,13 @@ class PostgresStore(PostgresBranches):
             except TimeoutError:
                 pass
         remaining = None if deadline is None else max(0.0, deadline - loop.time())
-        poll = self.safety_poll_interval if self._listening.is_set() else self.poll_interval
+        listening = self._listening.is_set() and not self.read_only
+        poll = self.safety_poll_interval if listening else self.poll_interval
+        read_last = self._watch_last if listening else self.last_sequence
         self._waiting[execution_id] += 1
         try:
             return await self._waiters.wait(
-                execution_id, after_sequence, remaining, self.last_sequence, poll
+                execution_id, after_sequence, remaining, read_last, poll
             )
         finally:
             self._waiting[execution_id] -= 1
