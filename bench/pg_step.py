@@ -245,6 +245,7 @@ async def run(steps: int, rounds: int) -> list[Row]:
             "fence": e.fence,
             "first": e.sequence,
             "end": e.sequence + 1,
+            "ends": False,
             "channel": store._channel,
             "note": e.execution_id,
             # As the store writes it: a derived id is stored empty (schema rung 10).

@@ -37,9 +37,10 @@ def sqlite_events_before_rung_10(conn: sqlite3.Connection) -> None:
 
 
 #: Statements (``{s}``: the quoted schema) that set PostgreSQL's events table back (and undo
-#: rung 11's column on the heads, which every database set back to before rung 10 must lack).
+#: rung 11's columns on the heads, which every database set back to before rung 10 must lack).
 PG_EVENTS_BEFORE_RUNG_10 = (
     "ALTER TABLE {s}.heads DROP COLUMN watched",
+    "ALTER TABLE {s}.heads DROP COLUMN ended",
     "DROP INDEX {s}.events_envelope_id",
     f"UPDATE {{s}}.events SET envelope_id = {_WHOLE_ID} WHERE envelope_id = ''",
     "ALTER TABLE {s}.events ADD CONSTRAINT events_envelope_id_key UNIQUE (envelope_id)",

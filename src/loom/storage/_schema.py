@@ -27,12 +27,15 @@ bump here; a rung that does not apply to one dialect is an empty tuple there.
     events table to drop rung 1's automatic index). Explicit ids of the derived form are
     refused from now on; any written before are kept as ``reserved_envelope_ids`` in the meta
     table.
-11. watched heads (PostgreSQL; SQLite needs nothing): ``heads.watched`` is set by the first
-    ``wait_for_append`` of an execution in any process, and an append sends its ``pg_notify``
-    only for a watched head (or a start, which any waiter of a not-yet-existing execution
-    needs). The flag is written under the head row's lock, which every append takes, so no
-    wake-up is lost; an execution nobody waits for in another process pays no notify (~20 µs
-    of server CPU a step, and a cluster-wide lock held through each notifying commit).
+11. watched and ended heads (PostgreSQL; SQLite needs nothing). ``heads.watched`` is set by
+    the first ``wait_for_append`` of an execution in any process, and an append sends its
+    ``pg_notify`` only for a watched head (or a start, which any waiter of a not-yet-existing
+    execution needs). The flag is written under the head row's lock, which every append takes,
+    so no wake-up is lost; an execution nobody waits for in another process pays no notify
+    (~20 µs of server CPU a step, and a cluster-wide lock held through each notifying commit).
+    ``heads.ended`` says the log's last event is terminal (set by the write that appends it,
+    back-filled from the logs), so an append checks it on the row it updates anyway instead of
+    looking the tail up in the events (~18 µs of server CPU a step).
 """
 
 from __future__ import annotations

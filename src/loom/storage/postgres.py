@@ -58,6 +58,7 @@ from loom.model import (
 from loom.storage._blobs import check_blobs, check_hashes
 from loom.storage._common import (
     SNAPSHOT_LIMITS,
+    TERMINAL_TYPES,
     Waiters,
     batch_head,
     check_reserved,
@@ -452,7 +453,13 @@ class PostgresStore(PostgresBranches):
         indexed = [c for c in changes if c is not None]
         params: dict[str, Any] = {
             "heads": _json_rows(
-                [eid, requests[i][1], first, first + len(requests[i][0])]
+                [
+                    eid,
+                    requests[i][1],
+                    first,
+                    first + len(requests[i][0]),
+                    requests[i][0][-1].type in TERMINAL_TYPES,
+                ]
                 for (eid, first, _, _), i in zip(probes, batched, strict=True)
             ),
             "events": _json_rows(rows),
@@ -574,6 +581,7 @@ class PostgresStore(PostgresBranches):
             "fence": envelopes[0].fence,
             "first": first,
             "end": first + len(envelopes),
+            "ends": envelopes[-1].type in TERMINAL_TYPES,  # the head's ended (see _MOVE_APPEND)
             "channel": self._channel,
             "note": note,
         }

@@ -216,6 +216,41 @@ async def check_nothing_follows_a_terminal_event(store: Store, reopen: Reopen | 
 
 
 @_check
+async def check_an_end_is_final_whichever_write_made_it(
+    store: Store, reopen: Reopen | None
+) -> None:
+    """A terminal event ends the log whether it came alone, last in a batch, with a take-over,
+    with the creating take-over (from fence 0) or in a take_over_many: nothing follows it."""
+    done = EventType.EXECUTION_COMPLETED
+    fence = await _start(store, "end-batch")
+    await store.append([env("end-batch", 1, fence), env("end-batch", 2, fence, done, {})])
+    fence = await _start(store, "end-take", 2)
+    await store.take_over([env("end-take", 2, fence + 1, done, {})], from_fence=fence)
+    await store.take_over([env("end-made", 0, 1), env("end-made", 1, 1, done, {})], from_fence=0)
+    ended = {"end-batch": (2, await store.current_fence("end-batch"))}
+    ended["end-take"] = (2, fence + 1)
+    ended["end-made"] = (1, 1)
+    if isinstance(store, TakesOverMany):
+        fence = await _start(store, "end-many", 2)
+        request = ([env("end-many", 2, fence + 1, done, {})], fence)
+        assert await store.take_over_many([request]) == [None]
+        ended["end-many"] = (2, fence + 1)
+    readers = [store] if reopen is None else [store, await reopen(store)]
+    try:
+        for reader in readers:
+            for eid, (last, held) in ended.items():
+                after = env(eid, last + 1, held)
+                err = await _expect(ExecutionEndedError, reader.append([after]))
+                assert getattr(err, "execution_id", None) == eid
+                taking = env(eid, last + 1, held + 1)
+                await _expect(ExecutionEndedError, reader.take_over([taking], from_fence=held))
+                assert await reader.last_sequence(eid) == last, eid
+    finally:
+        for reader in readers[1:]:
+            await reader.close()
+
+
+@_check
 async def check_mailbox(store: Store, reopen: Reopen | None) -> None:
     """Messages wait in order per execution and event type; an id is stored once."""
     if not isinstance(store, MailboxStore):

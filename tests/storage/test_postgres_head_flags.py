@@ -1,4 +1,5 @@
-"""PostgreSQL appends notify only watched heads (schema rung 11), and no wake-up is lost.
+"""Schema rung 11's head flags on PostgreSQL: appends notify only watched heads, and no
+wake-up is lost; a database from before the rung learns which of its executions ended.
 
 The stores here share nothing but the database (each has its own pool, writer and listener), so
 a waiter in one is woken only by NOTIFY, as one in another process is; every waiter's safety
@@ -18,6 +19,8 @@ from typing import Any, TypeVar
 import psycopg
 import pytest
 
+from loom.errors import ExecutionEndedError
+from loom.model import EventType
 from loom.storage._postgres_sql import notify_channel
 from loom.storage.postgres import PostgresStore
 from loom.testing._store_conformance import env
@@ -232,3 +235,35 @@ async def test_a_read_only_store_waits_by_polling(pg_dsn: str, schema: str) -> N
     finally:
         await writer.close()
         await reader.close()
+
+
+async def test_a_rung_10_database_learns_which_executions_ended(pg_dsn: str, schema: str) -> None:
+    """The rung back-fills ``ended`` from the logs: an execution that ended before the upgrade
+    still refuses an append after it, and one still running takes its next step."""
+    store = await PostgresStore.open(pg_dsn, schema=schema)
+    try:
+        for eid in ("done", "open"):
+            fence = await store.acquire_fence(eid)
+            await store.append(_steps(eid, fence, [0, 1]))
+        await store.append([env("done", 2, 1, EventType.EXECUTION_FAILED, {"error": {}})])
+    finally:
+        await store.close()
+    s = f'"{schema}"'
+    async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
+        await conn.execute(f"ALTER TABLE {s}.heads DROP COLUMN watched, DROP COLUMN ended")
+        await conn.execute(f"UPDATE {s}.meta SET value = '10' WHERE key = 'schema_version'")
+    store = await PostgresStore.open(pg_dsn, schema=schema)
+    try:
+        async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
+            cur = await conn.execute(
+                f"SELECT execution_id, ended, watched FROM {s}.heads ORDER BY 1"
+            )
+            assert await cur.fetchall() == [("done", True, False), ("open", False, False)]
+        with pytest.raises(ExecutionEndedError) as refused:
+            await store.append([env("done", 3, 1)])
+        assert refused.value.execution_id == "done"
+        await store.append([env("open", 2, 1)])
+        assert await store.last_sequence("done") == 2
+        assert await store.last_sequence("open") == 2
+    finally:
+        await store.close()
