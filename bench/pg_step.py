@@ -1,7 +1,8 @@
 """Where a PostgreSQL step's time goes: ``python -m bench.pg_step [--steps 400] [--rounds 5]``.
 
 One table, every row measured in the same run, interleaved round by round (so a load change on
-this shared machine hits every row alike), the median round reported:
+this shared machine hits every row alike; the statement rows in reverse order every other
+round), the median round reported:
 
 * ``floor (sync)``: the ``bench.peers`` floor exactly: a warm psycopg connection in autocommit,
   one ``INSERT`` per row (an autocommit statement is BEGIN; INSERT; COMMIT in one round trip).
@@ -9,8 +10,12 @@ this shared machine hits every row alike), the median round reported:
 * ``SELECT 1``: one round trip that commits nothing (the protocol + asyncio floor).
 * ``append statement``: the store's one-envelope append statement, raw on a warm asyncio
   connection in autocommit, sent as the store sends a lone write (``_postgres_lean``: its own
-  prepared statement, parameters encoded to text, libpq calls), ``notify`` on and off: the
-  SQL's cost with no engine and no store Python around it.
+  prepared statement, parameters encoded to text, libpq calls): the SQL's cost with no engine
+  and no store Python around it. Its head is not watched (nobody waits for it elsewhere), so
+  it sends no notification; ``watched``: the same once a waiter marked the head (it notifies);
+  ``notify=off``: a store opened with ``notify=False``; ``rung 10``: the statement as schema
+  rung 10 sent it (every append notified; the end of the log checked by a lookup in the
+  events), on the same tables.
 * ``floor (lean)``: the floor's ``INSERT`` sent as the store sends its lone write: the floor
   the statements below are compared with (the same client path, so their ratio is the SQL's).
 * ``events INSERT alone`` / ``heads UPDATE alone``: each half of the append statement as a
@@ -41,6 +46,7 @@ import psycopg
 
 import loom
 from loom.model import Envelope, EventType
+from loom.storage._common import TERMINAL_SQL
 from loom.storage._postgres_lean import LeanStatements, lean_values
 from loom.storage.postgres import PostgresStore
 
@@ -53,6 +59,25 @@ _BASE_DSN = os.environ.get(
 PG_DSN = _BASE_DSN + ("&" if "?" in _BASE_DSN else "?") + f"application_name={APP}"
 PAYLOAD = json.dumps({"position": 123, "step_id": "inc", "attempt": 1, "output": 124, "t": 0.0})
 FLOOR_TABLE = "floor_rows"
+
+# The one-envelope append as schema rung 10 sent it (build 0ad3da3), for the row that compares
+# it with this build's: the tail's end checked by a lookup in the events, the notify sent on
+# every append, as a subquery of its own.
+RUNG_10_APPEND = """
+WITH moved AS (
+    UPDATE {s}.heads SET next_sequence = %(end)s
+    WHERE execution_id = %(eid)s AND fence = %(fence)s AND next_sequence = %(first)s
+    AND NOT EXISTS (SELECT 1 FROM {s}.events WHERE execution_id = %(eid)s
+        AND sequence = %(first)s - 1 AND type IN ({terminal}))
+    RETURNING execution_id
+), ins AS (
+    INSERT INTO {s}.events
+        (execution_id, sequence, envelope_id, type, payload, recorded_at, fence, checksum)
+    SELECT moved.execution_id, %(first)s, %(id)s, %(type)s, %(payload)s, %(at)s::float8,
+        %(fence)s, %(sum)s FROM moved
+)
+SELECT (SELECT count(*) FROM moved), (SELECT count(pg_notify(%(channel)s, %(note)s)) FROM moved)
+"""
 
 _waits = 0
 #: The server processes of this run's connections (see _refresh_backends).
@@ -185,7 +210,7 @@ async def server_time(conn: psycopg.AsyncConnection[Any], sql: str, params: Any,
     return float(statistics.median(times))
 
 
-async def run(steps: int, rounds: int) -> list[Row]:
+async def run(steps: int, rounds: int, only: list[str] | None = None) -> list[Row]:
     schema = f"loom_pgstep_{os.getpid()}"
     _count_waits()
     sync_conn = psycopg.connect(PG_DSN, autocommit=True)
@@ -267,17 +292,21 @@ async def run(steps: int, rounds: int) -> list[Row]:
             await lean.execute(*values)
         rows[row].add(len(encoded), start)
 
-    def stmt_body(notify: bool) -> Callable[[int], Awaitable[None]]:
+    def stmt_body(
+        row: str, notify: bool = True, *, watched: bool = False, sql: str | None = None
+    ) -> Callable[[int], Awaitable[None]]:
         store = stores[notify]
-        sql = store._sql.events("append", one=True)
+        text = sql or store._sql.events("append", one=True)
 
         async def body(n: int) -> None:
-            eid, fence = await fresh(store, f"stmt{int(notify)}")
+            eid, fence = await fresh(store, "stmt")
             # The first event (a start) goes through the store: it writes the index row.
             first = envelopes(eid, fence, n + 1)
             await store.append(first[:1])
-            encoded = [lean_values(sql, raw_params(store, e)) for e in first[1:]]
-            await timed_lean(f"append statement, notify={'on' if notify else 'off'}", encoded)
+            if watched:  # as a waiter in another process marks it (PostgresStore._watch_last)
+                await aconn.execute(store._sql.watch, (eid,))
+            encoded = [lean_values(text, raw_params(store, e)) for e in first[1:]]
+            await timed_lean(row, encoded)
 
         return body
 
@@ -336,6 +365,7 @@ async def run(steps: int, rounds: int) -> list[Row]:
         handle = await runtime.start(seq_flow, n, execution_id=f"rt-{counter['exec']}")
         assert await handle.result() == n
 
+    rung_10 = RUNG_10_APPEND.format(s=f'"{schema}"', terminal=TERMINAL_SQL)
     plain: list[tuple[str, Callable[[int], Awaitable[None]]]] = [
         ("floor (sync, = bench.peers)", floor_sync_body),
         ("floor (async)", floor_async),
@@ -346,11 +376,19 @@ async def run(steps: int, rounds: int) -> list[Row]:
         ("floor (lean)", floor_lean),
         ("events INSERT alone", half_body("insert")),
         ("heads UPDATE alone", half_body("update")),
-        ("append statement, notify=on", stmt_body(True)),
-        ("append statement, notify=off", stmt_body(False)),
+        ("append statement", stmt_body("append statement")),
+        ("append statement, watched", stmt_body("append statement, watched", watched=True)),
+        ("append statement, notify=off", stmt_body("append statement, notify=off", False)),
+        (
+            "append statement, rung 10",
+            stmt_body("append statement, rung 10", sql=rung_10),
+        ),
         ("store.append, notify=on", store_body(True)),
         ("store.append, notify=off", store_body(False)),
     ]
+    if only:  # the floor always runs: every ratio is to it
+        plain = [r for r in plain if r[0] == plain[0][0] or r[0] in only]
+        timed_inside = [r for r in timed_inside if r[0] in only]
     rows = {name: Row(name) for name, _ in plain + timed_inside}
     try:
         # Warm-up: connections, prepared statements, caches.
@@ -358,11 +396,12 @@ async def run(steps: int, rounds: int) -> list[Row]:
             await body(20)
         for row in rows.values():
             row.wall, row.cpu, row.trips = [], [], []
-        for _ in range(rounds):
+        for i in range(rounds):
             for name, body in plain:
                 _refresh_backends(sync_conn)
                 await rows[name].measure(steps if "runtime" not in name else 200, body)
-            for _, body in timed_inside:
+            # In reverse order every other round: no row always runs right after another.
+            for _, body in timed_inside if i % 2 else timed_inside[::-1]:
                 await body(steps)
         # Server-side time of the statements alone (no COMMIT).
         rows["floor (sync, = bench.peers)"].server = await server_time(
@@ -371,14 +410,14 @@ async def run(steps: int, rounds: int) -> list[Row]:
             (10**12, PAYLOAD),
             25,
         )
-        for notify in (True, False):
+        for row, notify in (("append statement", True), ("append statement, notify=off", False)):
+            if row not in rows:
+                continue
             store = stores[notify]
             eid, fence = await fresh(store, "explain")
             evs = envelopes(eid, fence, 2)
             await store.append(evs[:1])
-            rows[
-                f"append statement, notify={'on' if notify else 'off'}"
-            ].server = await server_time(
+            rows[row].server = await server_time(
                 aconn, store._sql.events("append", one=True), raw_params(store, evs[1]), 25
             )
     finally:
@@ -429,8 +468,15 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=400, help="steps per row per round")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--rows",
+        default="",
+        help="only these rows (names as printed, separated by ';'; the sync floor always runs): "
+        "more rounds of a few rows resolve a smaller difference",
+    )
     args = parser.parse_args()
-    rows = asyncio.run(run(args.steps, args.rounds))
+    only = [name.strip() for name in args.rows.split(";") if name.strip()]
+    rows = asyncio.run(run(args.steps, args.rounds, only))
     report(rows, args.steps, args.rounds)
     return 0
 
