@@ -106,3 +106,20 @@ async def physical(backend: Backend) -> Store:
     """A physical store over ``backend`` (memory / SQLite / PostgreSQL), for tests of what is
     layered on one, such as the tenant view."""
     return backend.store()
+
+
+@pytest.fixture
+def pg_dsn() -> str:
+    """The test server's DSN (the test skips, or fails under LOOM_REQUIRE_POSTGRES, without)."""
+    from tests.support.pg import require_pg
+
+    return require_pg()
+
+
+@pytest.fixture
+async def schema(pg_dsn: str) -> AsyncIterator[str]:
+    """A fresh PostgreSQL schema name, dropped after the test."""
+    from tests.support.pg import temp_schema
+
+    async with temp_schema(pg_dsn) as name:
+        yield name

@@ -7,7 +7,7 @@ import asyncio
 import json
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import Awaitable
 from typing import Any
 
 import psycopg
@@ -23,22 +23,10 @@ from loom.testing import TIMER_CHECKS, SkippingClock
 from loom.testing._store_conformance import env
 from tests.children.timer_service import nap_until
 from tests.support.old_schema import PG_EVENTS_BEFORE_RUNG_10
-from tests.support.pg import require_pg, temp_schema
 from tests.support.poll import until
 from tests.support.proc import Child
 
 pytestmark = pytest.mark.postgres
-
-
-@pytest.fixture
-def pg_dsn() -> str:
-    return require_pg()
-
-
-@pytest.fixture
-async def schema(pg_dsn: str) -> AsyncIterator[str]:
-    async with temp_schema(pg_dsn) as name:
-        yield name
 
 
 VARIANTS = {"coalesced": {}, "per-write": {"group_commit": False}}

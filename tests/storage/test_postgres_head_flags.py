@@ -24,7 +24,6 @@ from loom.model import EventType
 from loom.storage._postgres_sql import notify_channel
 from loom.storage.postgres import PostgresStore
 from loom.testing._store_conformance import env
-from tests.support.pg import require_pg, temp_schema
 from tests.support.poll import until
 
 pytestmark = pytest.mark.postgres
@@ -36,14 +35,22 @@ NO_POLL = {"safety_poll_interval": 3600.0}
 
 
 @pytest.fixture
-def pg_dsn() -> str:
-    return require_pg()
+async def writer(pg_dsn: str, schema: str) -> AsyncIterator[PostgresStore]:
+    store = await PostgresStore.open(pg_dsn, schema=schema)
+    try:
+        yield store
+    finally:
+        await store.close()
 
 
 @pytest.fixture
-async def schema(pg_dsn: str) -> AsyncIterator[str]:
-    async with temp_schema(pg_dsn) as name:
-        yield name
+async def waiter(pg_dsn: str, schema: str) -> AsyncIterator[PostgresStore]:
+    """A second store over the same schema: nothing shared with ``writer`` but the database."""
+    store = await PostgresStore.open(pg_dsn, schema=schema, **NO_POLL)
+    try:
+        yield store
+    finally:
+        await store.close()
 
 
 class Notes:
@@ -89,87 +96,71 @@ def _steps(eid: str, fence: int, sequences: Sequence[int]) -> list[Any]:
     return [env(eid, s, fence) for s in sequences]
 
 
-async def test_only_starts_and_watched_heads_notify(pg_dsn: str, schema: str) -> None:
-    writer = await PostgresStore.open(pg_dsn, schema=schema)
-    waiter = await PostgresStore.open(pg_dsn, schema=schema, **NO_POLL)
-    try:
-        async with Notes(pg_dsn, schema) as notes:
-            await notes.sent()  # the schema's creation sent nothing; start clean
-            fence = await writer.acquire_fence("quiet")
-            await writer.append([env("quiet", 0, fence)])
-            # A start always notifies (a waiter of an execution not yet created has no head to
-            # mark); the index feed has its own note.
-            assert "quiet" in await notes.sent()
-            for seq in range(1, 4):
-                await writer.append([env("quiet", seq, fence)])
-            await writer.append(_steps("quiet", fence, [4, 5]))  # a batch of two
-            assert await notes.sent() == []  # nobody waits: no step notified
+async def test_only_starts_and_watched_heads_notify(
+    pg_dsn: str, schema: str, writer: PostgresStore, waiter: PostgresStore
+) -> None:
+    async with Notes(pg_dsn, schema) as notes:
+        await notes.sent()  # the schema's creation sent nothing; start clean
+        fence = await writer.acquire_fence("quiet")
+        await writer.append([env("quiet", 0, fence)])
+        # A start always notifies (a waiter of an execution not yet created has no head to
+        # mark); the index feed has its own note.
+        assert "quiet" in await notes.sent()
+        for seq in range(1, 4):
+            await writer.append([env("quiet", seq, fence)])
+        await writer.append(_steps("quiet", fence, [4, 5]))  # a batch of two
+        assert await notes.sent() == []  # nobody waits: no step notified
 
-            assert await waiter.wait_for_append("quiet", 5, timeout=0) == 5  # marks it
-            waiting = asyncio.ensure_future(waiter.wait_for_append("quiet", 5, timeout=30))
-            await until(lambda: "quiet" in waiter._waiting, "the waiter waiting")
-            await writer.append([env("quiet", 6, fence)])
-            assert await asyncio.wait_for(waiting, 10) == 6
-            assert await notes.sent() == ["quiet"]
+        assert await waiter.wait_for_append("quiet", 5, timeout=0) == 5  # marks it
+        waiting = asyncio.ensure_future(waiter.wait_for_append("quiet", 5, timeout=30))
+        await until(lambda: "quiet" in waiter._waiting, "the waiter waiting")
+        await writer.append([env("quiet", 6, fence)])
+        assert await asyncio.wait_for(waiting, 10) == 6
+        assert await notes.sent() == ["quiet"]
 
-            # A take-over moves the head it locked, watched or not.
-            await writer.take_over([env("quiet", 7, fence + 1)], from_fence=fence)
-            assert await notes.sent() == ["quiet"]
-    finally:
-        await writer.close()
-        await waiter.close()
+        # A take-over moves the head it locked, watched or not.
+        await writer.take_over([env("quiet", 7, fence + 1)], from_fence=fence)
+        assert await notes.sent() == ["quiet"]
 
 
 async def test_a_batch_of_take_overs_notifies_its_watched_heads_only(
-    pg_dsn: str, schema: str
+    pg_dsn: str, schema: str, writer: PostgresStore, waiter: PostgresStore
 ) -> None:
     """A timer service fires suspended executions with one ``take_over_many``: the waiter of
     one of them is woken, and the unwatched ones send nothing."""
-    writer = await PostgresStore.open(pg_dsn, schema=schema)
-    waiter = await PostgresStore.open(pg_dsn, schema=schema, **NO_POLL)
-    try:
-        fences = {}
-        for eid in ("t-a", "t-b", "t-c"):
-            fences[eid] = await writer.acquire_fence(eid)
-            await writer.append(_steps(eid, fences[eid], [0, 1]))
-        async with Notes(pg_dsn, schema) as notes:
-            waiting = asyncio.ensure_future(waiter.wait_for_append("t-b", 1, timeout=30))
-            await until(lambda: "t-b" in waiter._watched, "the head marked watched")
-            outcomes = await writer.take_over_many(
-                [([env(eid, 2, fences[eid] + 1)], fences[eid]) for eid in fences]
-            )
-            assert outcomes == [None, None, None]
-            assert await asyncio.wait_for(waiting, 10) == 2
-            assert await notes.sent() == ["t-b"]
-    finally:
-        await writer.close()
-        await waiter.close()
+    fences = {}
+    for eid in ("t-a", "t-b", "t-c"):
+        fences[eid] = await writer.acquire_fence(eid)
+        await writer.append(_steps(eid, fences[eid], [0, 1]))
+    async with Notes(pg_dsn, schema) as notes:
+        waiting = asyncio.ensure_future(waiter.wait_for_append("t-b", 1, timeout=30))
+        await until(lambda: "t-b" in waiter._watched, "the head marked watched")
+        outcomes = await writer.take_over_many(
+            [([env(eid, 2, fences[eid] + 1)], fences[eid]) for eid in fences]
+        )
+        assert outcomes == [None, None, None]
+        assert await asyncio.wait_for(waiting, 10) == 2
+        assert await notes.sent() == ["t-b"]
 
 
 async def test_a_waiter_of_an_execution_not_yet_started_is_woken_by_its_start(
-    pg_dsn: str, schema: str
+    writer: PostgresStore, waiter: PostgresStore
 ) -> None:
-    writer = await PostgresStore.open(pg_dsn, schema=schema)
-    waiter = await PostgresStore.open(pg_dsn, schema=schema, **NO_POLL)
-    try:
-        waiting = asyncio.ensure_future(waiter.wait_for_append("later", -1, timeout=30))
-        await until(lambda: waiter._listening.is_set() and "later" in waiter._waiting, "the waiter")
-        assert "later" not in waiter._watched  # no head to mark yet
-        fence = await writer.acquire_fence("later")
-        await writer.append([env("later", 0, fence)])
-        assert await asyncio.wait_for(waiting, 10) == 0
-        # Its next wait marks the head, which now exists: the next step wakes it.
-        waiting = asyncio.ensure_future(waiter.wait_for_append("later", 0, timeout=30))
-        await until(lambda: "later" in waiter._watched, "the head marked watched")
-        await writer.append([env("later", 1, fence)])
-        assert await asyncio.wait_for(waiting, 10) == 1
-    finally:
-        await writer.close()
-        await waiter.close()
+    waiting = asyncio.ensure_future(waiter.wait_for_append("later", -1, timeout=30))
+    await until(lambda: waiter._listening.is_set() and "later" in waiter._waiting, "the waiter")
+    assert "later" not in waiter._watched  # no head to mark yet
+    fence = await writer.acquire_fence("later")
+    await writer.append([env("later", 0, fence)])
+    assert await asyncio.wait_for(waiting, 10) == 0
+    # Its next wait marks the head, which now exists: the next step wakes it.
+    waiting = asyncio.ensure_future(waiter.wait_for_append("later", 0, timeout=30))
+    await until(lambda: "later" in waiter._watched, "the head marked watched")
+    await writer.append([env("later", 1, fence)])
+    assert await asyncio.wait_for(waiting, 10) == 1
 
 
 async def test_a_first_wait_racing_the_last_append_never_misses_it(
-    pg_dsn: str, schema: str
+    pg_dsn: str, schema: str, writer: PostgresStore
 ) -> None:
     """The mark and an append race on each of many executions: the waiter's first wait (which
     marks the head) and the writer's one step after the start are sent together, in both
@@ -177,45 +168,39 @@ async def test_a_first_wait_racing_the_last_append_never_misses_it(
     Whichever commits first, the waiter must see the step: read as the mark's own answer, or
     woken by the step's note. Reading the tail before marking (a window between two round
     trips) would leave some waits asleep until their timeout."""
-    writer = await PostgresStore.open(pg_dsn, schema=schema)
-    rounds = 60
-    try:
-        for i in range(rounds):
-            # A fresh waiter store each round, so each first wait marks (nothing remembered).
-            waiter = await PostgresStore.open(pg_dsn, schema=schema, **NO_POLL)
+    for i in range(60):
+        # A fresh waiter store each round, so each first wait marks (nothing remembered).
+        waiter = await PostgresStore.open(pg_dsn, schema=schema, **NO_POLL)
+        try:
+            eid = f"race-{i}"
+            fence = await writer.acquire_fence(eid)
+            await writer.append([env(eid, 0, fence)])
+            await waiter.wait_for_append("warm", -1, timeout=0)  # listener up, pool warm
+            await until(waiter._listening.is_set, "listening")
+
+            offset = i % 6
             try:
-                eid = f"race-{i}"
-                fence = await writer.acquire_fence(eid)
-                await writer.append([env(eid, 0, fence)])
-                await waiter.wait_for_append("warm", -1, timeout=0)  # listener up, pool warm
-                await until(waiter._listening.is_set, "listening")
-
-                offset = i % 6
-                try:
-                    async with asyncio.timeout(5):
-                        _, seen = await asyncio.gather(
-                            _after_turns(
-                                offset if i % 2 else 0, writer.append([env(eid, 1, fence)])
-                            ),
-                            # No timeout of its own: at one it would read the tail again and
-                            # return the step late, hiding the lost note.
-                            _after_turns(
-                                0 if i % 2 else offset,
-                                waiter.wait_for_append(eid, 0, timeout=None),
-                            ),
-                        )
-                except TimeoutError:
-                    raise AssertionError(f"round {i}: the waiter slept through the step") from None
-                assert seen == 1
-            finally:
-                await waiter.close()
-    finally:
-        await writer.close()
+                async with asyncio.timeout(5):
+                    _, seen = await asyncio.gather(
+                        _after_turns(offset if i % 2 else 0, writer.append([env(eid, 1, fence)])),
+                        # No timeout of its own: at one it would read the tail again and
+                        # return the step late, hiding the lost note.
+                        _after_turns(
+                            0 if i % 2 else offset,
+                            waiter.wait_for_append(eid, 0, timeout=None),
+                        ),
+                    )
+            except TimeoutError:
+                raise AssertionError(f"round {i}: the waiter slept through the step") from None
+            assert seen == 1
+        finally:
+            await waiter.close()
 
 
-async def test_a_read_only_store_waits_by_polling(pg_dsn: str, schema: str) -> None:
+async def test_a_read_only_store_waits_by_polling(
+    pg_dsn: str, schema: str, writer: PostgresStore
+) -> None:
     """A read-only store cannot mark a head; its waits poll every ``poll_interval``."""
-    writer = await PostgresStore.open(pg_dsn, schema=schema)
     reader = await PostgresStore.open(
         pg_dsn, schema=schema, read_only=True, poll_interval=0.02, **NO_POLL
     )
@@ -233,7 +218,6 @@ async def test_a_read_only_store_waits_by_polling(pg_dsn: str, schema: str) -> N
             )
             assert await cur.fetchone() == (False,)  # nothing was written by the reader
     finally:
-        await writer.close()
         await reader.close()
 
 

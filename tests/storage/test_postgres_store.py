@@ -28,21 +28,10 @@ from loom.storage._postgres_commit import PostgresWriter
 from loom.storage.postgres import SCHEMA_VERSION, PostgresStore
 from loom.testing import STORE_CHECKS, run_store_check
 from loom.testing._store_conformance import env
-from tests.support.pg import require_pg, tagged_dsn, temp_schema, terminate
+from tests.support.pg import tagged_dsn, terminate
 from tests.support.poll import until
 
 pytestmark = pytest.mark.postgres
-
-
-@pytest.fixture
-def pg_dsn() -> str:
-    return require_pg()
-
-
-@pytest.fixture
-async def schema(pg_dsn: str) -> AsyncIterator[str]:
-    async with temp_schema(pg_dsn) as name:
-        yield name
 
 
 @pytest.fixture
