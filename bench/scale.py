@@ -17,7 +17,9 @@ extra is installed):
   new one and recording the flow's completion (two commits). Wall and CPU
   (``time.process_time``: the process, all threads) milliseconds.
 * **snapshot bytes** written while the N-step log was written, and their ratio to the log's
-  own bytes (linear growth keeps the ratio flat).
+  own bytes (linear growth keeps the ratio flat); **write cpu/step**: the process's CPU per
+  step while the N steps were written (``synchronous=NORMAL``, so the commits' share is
+  small): what snapshots add to a step as the log grows.
 * **memory per suspended execution**: Python heap (tracemalloc) per execution after starting
   N executions that suspend at a gate, with the runtime still holding them.
 * **listing vs execution count**: the execution index's first and next page (keyset cursor) of
@@ -140,30 +142,33 @@ _BIG = loom.model.PayloadLimits(max_bytes=1 << 30, max_depth=900)
 
 async def _write_log(
     path: Path, n: int, snapshot_every: int, segments: bool, objects: bool
-) -> tuple[str, int, int]:
+) -> tuple[str, int, int, float]:
     """Write an execution with ``n`` completed steps whose step n+1 never finishes; return
-    (id, snapshot bytes, log bytes)."""
+    (id, snapshot bytes, log bytes, process CPU µs per step while writing them)."""
     _release.clear()
     store = CountingStore(
         loom.SQLiteStore(path, synchronous="NORMAL"), segments=segments, objects=objects
     )
     runtime = loom.WorkflowRuntime(store, snapshot_every=snapshot_every, timers=False)  # type: ignore[arg-type]
     runtime.register(long_flow)
+    cpu = time.process_time()
     handle = await runtime.start(long_flow, n)
     eid = handle.execution_id
     last = -1
+    written = 0.0
     while True:  # the n steps are durable once the (n+1)-th has started running
         # Polling the log's end, not load_state: a fold per append is quadratic without
         # snapshots (minutes at 10,000 steps).
         last = await store.last_sequence(eid)
         if last >= n:  # sequence 0 starts the execution, then one event per step
+            written = written or time.process_time() - cpu
             state = await runtime.load_state(eid)
             if state is not None and len(state.ops) >= n:
                 break
         await store.wait_for_append(eid, last, timeout=5)
     log_bytes = sum(len(e.payload_json) for e in await store.inner.read(eid))
     await runtime.close()  # the "process" dies: step n+1 never completes
-    return eid, store.snapshot_bytes, log_bytes
+    return eid, store.snapshot_bytes, log_bytes, written / n * 1e6
 
 
 async def _load_ms(path: Path, eid: str, reps: int = 5) -> tuple[float, float]:
@@ -225,12 +230,14 @@ async def log_length(lengths: list[int], tmp: Path) -> list[dict[str, Any]]:
     rows = []
     print(
         f"  {'':>6}       {'':<17}  {'load wall':>9} {'cpu':>7}  {'recover wall':>12} {'cpu':>7}"
-        f"  {'snapshot bytes':>14}"
+        f"  {'snapshot bytes':>14}            {'write cpu/step':>14}"
     )
     for n in lengths:
         for label, every, segments, objects in MODES:
             path = tmp / f"len-{n}-{every}-{segments}-{objects}.db"
-            eid, snap_bytes, log_bytes = await _write_log(path, n, every, segments, objects)
+            eid, snap_bytes, log_bytes, write_cpu = await _write_log(
+                path, n, every, segments, objects
+            )
             load, load_cpu = await _load_ms(path, eid)
             recover, recover_cpu = await _recover_ms(path, eid, every, segments)
             rows.append(
@@ -243,12 +250,14 @@ async def log_length(lengths: list[int], tmp: Path) -> list[dict[str, Any]]:
                     "recover_cpu_ms": recover_cpu,
                     "snapshot_bytes": snap_bytes,
                     "log_bytes": log_bytes,
+                    "write_cpu_us_per_step": write_cpu,
                 }
             )
             print(
                 f"  {n:>6} steps {label:<17}  {load:7.2f}ms {load_cpu:5.2f}ms  "
                 f"{recover:10.2f}ms {recover_cpu:5.2f}ms  "
-                f"{snap_bytes:>12,} B ({snap_bytes / max(1, log_bytes):.1f}x log)",
+                f"{snap_bytes:>12,} B ({snap_bytes / max(1, log_bytes):4.1f}x log)  "
+                f"{write_cpu:9.1f} µs",
                 flush=True,
             )
     return rows

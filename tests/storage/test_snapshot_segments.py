@@ -30,6 +30,15 @@ async def grow(i: int, width: int) -> dict[str, Any]:
     return {"i": i, "pad": "x" * width}
 
 
+@loom.step(id="flaky", retry=loom.RetryPolicy(max_attempts=3, initial_backoff=0), record_start=True)
+async def flaky(i: int) -> dict[str, Any]:
+    info = loom.current_step()
+    assert info is not None
+    if info.attempt < 3:
+        raise RuntimeError(f"attempt {info.attempt} fails")
+    return {"i": i, "pad": ""}
+
+
 @loom.flow(id="segments", version="1")
 async def long_flow(ctx: loom.WorkflowContext, plan: dict[str, Any]) -> int:
     total = 0
@@ -37,7 +46,12 @@ async def long_flow(ctx: loom.WorkflowContext, plan: dict[str, Any]) -> int:
         if i == plan.get("gate_at"):
             # A wait that spans snapshots: its op changes from waiting to resolved later.
             await ctx.suspend("Go")
-        out = await ctx.run(grow, i, plan.get("width", 8))
+        if i == plan.get("flaky_at"):
+            # An op that stays open across snapshots and changes in place (started, retrying,
+            # started again: STEP_STARTED updates the record it finds) before it completes.
+            out = await ctx.run(flaky, i)
+        else:
+            out = await ctx.run(grow, i, plan.get("width", 8))
         total += out["i"]
     return total
 
@@ -120,10 +134,12 @@ async def _run(
     steps=st.integers(min_value=1, max_value=40),
     every=st.integers(min_value=1, max_value=7),
     gate_at=st.none() | st.integers(min_value=0, max_value=39),
+    flaky_at=st.none() | st.integers(min_value=0, max_value=39),
 )
-@example(steps=1, every=2, gate_at=0)  # the resumed driver extends the chain it loaded
+@example(steps=1, every=2, gate_at=0, flaky_at=None)  # a resumed driver extends its chain
+@example(steps=3, every=1, gate_at=None, flaky_at=1)  # an open op changed in place
 async def test_every_loaded_snapshot_equals_the_log_folded_to_it(
-    backend: Backend, steps: int, every: int, gate_at: int | None
+    backend: Backend, steps: int, every: int, gate_at: int | None, flaky_at: int | None
 ) -> None:
     # A store per example: the runtime closes its store (memory's is one shared instance).
     store = InMemoryStore() if backend.kind == "memory" else backend.store()
@@ -131,7 +147,11 @@ async def test_every_loaded_snapshot_equals_the_log_folded_to_it(
     rt = loom.WorkflowRuntime(store, snapshot_every=every)
     rt.register(long_flow)
     eid = f"prop-{uuid.uuid4().hex[:12]}"
-    plan = {"steps": steps, "gate_at": gate_at if gate_at is not None and gate_at < steps else None}
+    plan = {
+        "steps": steps,
+        "gate_at": gate_at if gate_at is not None and gate_at < steps else None,
+        "flaky_at": flaky_at,
+    }
     final = await _run(rt, eid, plan)
     # The runtime's own load (snapshot chain plus tail) equals the fold of the whole log.
     assert await rt.load_state(eid) == replay(await store.read(eid), execution_id=eid)
@@ -369,3 +389,33 @@ async def test_segments_pass_through_the_tenant_view(tmp_path: Any) -> None:
         await rt.close()
     finally:
         await b.close()
+
+
+def test_a_segment_finds_replaced_added_and_open_records_changed_in_place() -> None:
+    """What the driver's next segment carries on top of a plain dict of ops: each record
+    replaced since (even a completed one, by a reducer such as an outcome's attachment), each
+    one added, and each open one changed in place; nothing else. A position gone leaves no
+    base (the snapshot is whole)."""
+    from loom.model import OpKind, OpRecord, OpStatus
+    from loom.runtime._driver import _SeenOps
+
+    def done(name: str) -> OpRecord:
+        return OpRecord(OpKind.STEP, name, OpStatus.COMPLETED, {"v": name})
+
+    ops = {0: done("a"), 1: done("b"), 2: OpRecord(OpKind.STEP, "c", OpStatus.STARTED)}
+    ops[3] = done("d")
+    seen = _SeenOps(ops)
+    assert seen.changed(ops) == []
+    ops[1] = done("b")  # replaced by an equal record: carried again, harmlessly
+    ops[2].attempts = 2  # the open record, changed in place
+    ops[4] = done("e")
+    assert seen.changed(ops) == [1, 2, 4]
+    seen.advance(ops, [1, 2, 4])
+    assert seen.changed(ops) == []
+    ops[2] = done("c")  # completes: replaced
+    ops[0] = OpRecord(OpKind.DECISION, "outcome", OpStatus.COMPLETED, {"score": 1.0})
+    assert sorted(seen.changed(ops) or []) == [0, 2]
+    seen.advance(ops, [0, 2])
+    assert seen.open == {}  # nothing open is left to compare
+    del ops[3]
+    assert seen.changed(ops) is None

@@ -139,7 +139,11 @@ def register_event(type: str, payload_type: type[P], reducer: Reducer[P]) -> Non
     ``type`` is the name stored in the log: lower-case dotted words with a namespace, e.g.
     ``"agents.model_called"`` (Loom's own event types are upper-case and cannot be replaced).
     ``payload_type`` has ``to_wire()`` / ``from_wire()`` (derive it from :class:`Payload`);
-    ``reducer(state, payload, envelope)`` folds one event into the state in place.
+    ``reducer(state, payload, envelope)`` folds one event into the state in place. It may
+    change an op record that is not completed in place, but replaces a completed one
+    (``state.ops[pos] = OpRecord(...)``) rather than changing it, and replaces JSON values
+    rather than mutating them: a snapshot carries only the records that changed, found that
+    way, so a completed record changed in place would load as it was.
 
     Register at import time of the module that defines the event, in every process that reads
     such logs (workers, the CLI, a console): a process that meets an event type nobody

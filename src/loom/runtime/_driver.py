@@ -6,7 +6,9 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
+import itertools
 import logging
+import operator
 import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
@@ -24,6 +26,7 @@ from loom.model import (
     EventPayload,
     ExecutionState,
     OpRecord,
+    OpStatus,
     PayloadLimits,
     UIPatched,
     apply_event,
@@ -170,7 +173,11 @@ class Driver:
         #: What each op looked like at the last snapshot this driver wrote (None: it wrote
         #: none, so the next one is whole). The fold replaces JSON values and never mutates
         #: them in place, so comparing these tuples finds every op a segment must carry.
+        #: Kept for a loaded state's ops (LazyOps); a plain dict of ops is followed by _seen.
         self._snap_marks: dict[int, tuple[Any, ...]] | None = None
+        #: A plain dict of ops as the last snapshot saw it (None: no snapshot yet, or the ops
+        #: are a loaded state's): what the next segment compares with.
+        self._seen: _SeenOps | None = None
         self._snap_input: Any = None
         self._whole_ops = 0
         self._chain_ops = 0
@@ -492,8 +499,11 @@ class Driver:
         seq = state.last_sequence
         if seq <= self.last_snapshot or self.deferred is not None:
             return  # (never a snapshot beyond what is written)
-        prev = self._snap_marks
         ops = state.ops
+        if type(ops) is dict:
+            await self._snapshot_dict(state, seq, ops)
+            return
+        prev = self._snap_marks
         loaded = self._loaded
         since_load = None if loaded is None or ops is not loaded else loaded.changed_positions()
         if since_load is not None and prev is not None and all(map(ops.__contains__, prev)):
@@ -529,6 +539,83 @@ class Driver:
         self._whole_ops = len(marks)
         self._chain_ops = 0
         self.last_snapshot = seq
+
+    async def _snapshot_dict(
+        self, state: ExecutionState, seq: int, ops: dict[int, OpRecord]
+    ) -> None:
+        """:meth:`snapshot` of a state whose ops are a plain dict (a flow run from its start,
+        the common case): the segment's ops are found without a pass of Python over them all
+        (see :class:`_SeenOps`), so a snapshot of a long log costs what changed, not its
+        length."""
+        if self._loaded is not None:  # the state was replaced: the loaded chain is no base
+            self._loaded = None
+            self._seen = None
+        store = self.store
+        seen = self._seen
+        if seen is not None and isinstance(store, SnapshotSegments):
+            changed = seen.changed(ops)
+            if changed is not None and self._chain_ops + len(changed) <= max(
+                self._whole_ops, self.snapshot_every
+            ):
+                part = state.to_stored(only_ops=changed)
+                if state.input is self._snap_input:  # set once at the start: never repeated
+                    del part["input"]
+                segment = Snapshot(state.execution_id, seq, part)
+                if await store.save_snapshot_segment(segment, self.last_snapshot):
+                    self._chain_ops += len(changed) + 1
+                    seen.advance(ops, changed)
+                    self.last_snapshot = seq
+                    return
+        await store.save_snapshot(Snapshot(state.execution_id, seq, state.to_stored()))
+        self._seen = _SeenOps(ops)
+        self._snap_input = state.input
+        self._whole_ops = len(ops)
+        self._chain_ops = 0
+        self.last_snapshot = seq
+
+
+_COMPLETED = OpStatus.COMPLETED
+
+
+class _SeenOps:
+    """A plain dict of ops as the last snapshot saw it: its positions and record objects in
+    order, and the marks of the records that were not completed then.
+
+    The next segment carries the positions added since (a dict keeps new keys at its end),
+    the records replaced since (found by identity, in C: ``map(is_not, ...)``), and the open
+    records that changed in place. A completed record is never changed in place: every
+    reducer replaces it (Loom's own do; :func:`loom.register_event` asks the same of an
+    extension's), so it needs no mark. A position gone, or moved, leaves no baseline (None:
+    the snapshot is whole)."""
+
+    __slots__ = ("keys", "objs", "open")
+
+    def __init__(self, ops: dict[int, OpRecord]) -> None:
+        self.keys = list(ops)
+        self.objs = list(ops.values())
+        self.open = {p: _mark(op) for p, op in ops.items() if op.status is not _COMPLETED}
+
+    def changed(self, ops: dict[int, OpRecord]) -> list[int] | None:
+        """The positions a segment on top of the last snapshot must carry, or None."""
+        n = len(self.keys)
+        keys = list(ops)
+        if keys[:n] != self.keys:
+            return None
+        replaced = itertools.compress(keys, map(operator.is_not, ops.values(), self.objs))
+        changed = list(replaced)
+        carried = set(changed)
+        for pos, mark in self.open.items():
+            if pos not in carried and _mark(ops[pos]) != mark:
+                changed.append(pos)
+        changed += keys[n:]
+        return changed
+
+    def advance(self, ops: dict[int, OpRecord], changed: list[int]) -> None:
+        """``ops`` was just written as a segment carrying ``changed``: it is the baseline."""
+        self.keys = list(ops)
+        self.objs = list(ops.values())
+        still_open = {*self.open, *changed}
+        self.open = {p: _mark(op) for p in still_open if (op := ops[p]).status is not _COMPLETED}
 
 
 class _Turns:
