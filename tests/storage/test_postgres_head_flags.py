@@ -111,9 +111,8 @@ async def test_only_starts_and_watched_heads_notify(
         await writer.append(_steps("quiet", fence, [4, 5]))  # a batch of two
         assert await notes.sent() == []  # nobody waits: no step notified
 
-        assert await waiter.wait_for_append("quiet", 5, timeout=0) == 5  # marks it
         waiting = asyncio.ensure_future(waiter.wait_for_append("quiet", 5, timeout=30))
-        await until(lambda: "quiet" in waiter._waiting, "the waiter waiting")
+        await until(lambda: "quiet" in waiter._watched, "the head marked watched")
         await writer.append([env("quiet", 6, fence)])
         assert await asyncio.wait_for(waiting, 10) == 6
         assert await notes.sent() == ["quiet"]
@@ -251,3 +250,62 @@ async def test_a_rung_10_database_learns_which_executions_ended(pg_dsn: str, sch
         assert await store.last_sequence("open") == 2
     finally:
         await store.close()
+
+
+async def test_a_second_process_waits_on_a_head_already_watched(
+    pg_dsn: str, schema: str, writer: PostgresStore, waiter: PostgresStore
+) -> None:
+    """Marking a head that is marked already still answers with its tail (the mark always
+    updates: a mark that skipped a watched head would read nothing)."""
+    other = await PostgresStore.open(pg_dsn, schema=schema, **NO_POLL)
+    try:
+        fence = await writer.acquire_fence("two")
+        await writer.append(_steps("two", fence, [0, 1]))
+        for store in (waiter, other):
+            waiting = asyncio.ensure_future(store.wait_for_append("two", 1, timeout=30))
+            await until(lambda s=store: "two" in s._watched, "the head marked")  # type: ignore[misc]
+            assert not waiting.done()
+            waiting.cancel()
+        waiting = asyncio.ensure_future(other.wait_for_append("two", 1, timeout=30))
+        await until(lambda: "two" in other._waiting, "the second waiter")
+        await writer.append([env("two", 2, fence)])
+        assert await asyncio.wait_for(waiting, 10) == 2
+    finally:
+        await other.close()
+
+
+async def test_a_wait_keeps_its_deadline_while_the_head_is_locked(
+    pg_dsn: str, schema: str, writer: PostgresStore, waiter: PostgresStore
+) -> None:
+    """A head held by a writer stuck in its transaction cannot be marked: the wait does not
+    block on the lock past its own deadline, and the head is marked once it is free."""
+    fence = await writer.acquire_fence("held")
+    await writer.append(_steps("held", fence, [0, 1]))
+    await waiter.wait_for_append("warm", -1, timeout=0)
+    await until(waiter._listening.is_set, "listening")
+    async with await psycopg.AsyncConnection.connect(pg_dsn) as stuck:
+        await stuck.execute(
+            f'SELECT 1 FROM "{schema}".heads WHERE execution_id = %s FOR UPDATE', ("held",)
+        )
+        async with asyncio.timeout(10):  # blocked on the lock, it would wait until the end
+            assert await waiter.wait_for_append("held", 1, timeout=0.3) == 1
+        assert "held" not in waiter._watched
+        await stuck.rollback()
+    waiting = asyncio.ensure_future(waiter.wait_for_append("held", 1, timeout=30))
+    await until(lambda: "held" in waiter._watched, "the head marked once free")
+    await writer.append([env("held", 2, fence)])
+    assert await asyncio.wait_for(waiting, 10) == 2
+
+
+async def test_a_batched_take_over_from_sequence_0_notifies(
+    pg_dsn: str, schema: str, writer: PostgresStore
+) -> None:
+    """A head made by ``acquire_fence`` and first written by a take_over_many has no mark yet:
+    like a start, that write notifies (a waiter may be waiting for the execution to exist)."""
+    fence = await writer.acquire_fence("zero")
+    async with Notes(pg_dsn, schema) as notes:
+        await notes.sent()
+        fired = {"position": 0, "timed_out": False}
+        request = ([env("zero", 0, fence + 1, EventType.TIMER_FIRED, fired)], fence)
+        assert await writer.take_over_many([request]) == [None]
+        assert "zero" in await notes.sent()

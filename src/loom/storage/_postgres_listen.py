@@ -1,9 +1,11 @@
 """The LISTEN side of PostgresStore's ``wait_for_append``.
 
 Appends send ``pg_notify(channel, execution_id)`` inside their transaction (so the note goes
-out only if the append commits). One dedicated connection per store listens and wakes the local
-waiters of the execution named; it reconnects by itself when it drops, and then wakes every
-waiter to re-check, because notifications sent while it was down are lost.
+out only if the append commits) when their execution's head is marked watched, which a
+waiter's first read does, or when they start it (schema rung 11; see ``PostgresStore``).
+One dedicated connection per store listens and wakes the local waiters of the execution
+named; it reconnects by itself when it drops, and then wakes every waiter to re-check,
+because notifications sent while it was down are lost.
 """
 
 from __future__ import annotations

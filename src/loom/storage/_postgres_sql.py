@@ -341,7 +341,7 @@ WITH lk AS (
     FROM r JOIN locked ON locked.execution_id = r.eid
     WHERE h.execution_id = r.eid AND h.fence = r.from_fence AND h.next_sequence = r.first
     AND NOT h.ended
-    RETURNING h.execution_id, h.watched
+    RETURNING h.execution_id, h.watched, r.first
 ), ins AS (
     INSERT INTO {{s}}.events
         (execution_id, sequence, envelope_id, type, payload, recorded_at, fence, checksum)
@@ -363,9 +363,11 @@ WITH lk AS (
 )
 SELECT (SELECT coalesce(array_agg(execution_id), '{{{{}}}}') FROM moved), {notify}
 """
+# As _NOTIFY: for a watched head, or one written from sequence 0 (a head acquire_fence made).
 _NOTIFY_MANY = (
     "(SELECT count(pg_notify(%(channel)s, CASE WHEN octet_length(m.execution_id) <= "
-    "%(note_max)s THEN m.execution_id ELSE '' END)) FROM moved m WHERE m.watched) + "
+    "%(note_max)s THEN m.execution_id ELSE '' END)) FROM moved m "
+    "WHERE m.watched OR m.first = 0) + "
     "(SELECT count(pg_notify(%(channel)s, %(feed)s)) FROM (SELECT 1 FROM idx LIMIT 1) f)"
 )
 

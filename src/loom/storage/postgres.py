@@ -10,8 +10,9 @@
 * ``wait_for_append`` is woken by ``pg_notify`` inside the append transaction, received on a
   dedicated ``LISTEN`` connection that reconnects by itself; a slow poll is only a safety net
   (``loom.storage._postgres_listen``). An append notifies only when its head is marked watched
-  (the first wait of an execution, from any process, marks it) or when it starts an execution,
-  so a step nobody waits for elsewhere pays no notify.
+  or when it starts an execution: the first ``wait_for_append`` of an execution from any
+  store (another process's, or this one's) marks it for good, so the steps of an execution
+  that no one ever waited for through the store pay no notify.
 * Timers (the ``TimerStore`` side) are rows claimed with one ``UPDATE ... WHERE (id, position)
   IN (SELECT ... FOR UPDATE SKIP LOCKED) RETURNING``: many timer services over one database
   never claim the same timer at once, and a claim expires after its lease.
@@ -114,6 +115,8 @@ __all__ = ["SCHEMA_VERSION", "PostgresStore"]
 
 #: How many executions a store remembers having marked watched (see _watch_last).
 _WATCHED_KEPT = 100_000
+#: Seconds a waiter's mark waits at most for the head's row lock (see _watch_last).
+_MARK_LOCK_WAIT = 1.0
 
 
 def _storable(value: str, what: str) -> None:
@@ -671,7 +674,7 @@ class PostgresStore(PostgresBranches):
         rows = await self._fetch(self._sql.last, (execution_id,))
         return int(rows[0][0]) - 1 if rows else -1
 
-    async def _watch_last(self, execution_id: str) -> int:
+    async def _watch_last(self, execution_id: str, deadline: float | None) -> int:
         """:meth:`last_sequence` for a waiter listening for appends: the first time, it also
         marks the head watched, so that every append from then on notifies.
 
@@ -679,17 +682,46 @@ class PostgresStore(PostgresBranches):
         too: an append in flight commits first and the mark returns the tail it left; an append
         that locks the head after the mark committed sees the flag and notifies. Neither can
         slip between the waiter's read and its sleep. An execution with no head yet stays
-        unmarked (its start always notifies) and is marked on the next read.
+        unmarked (its start always notifies) and is marked on the next read. The lock is
+        waited for until the wait's deadline, and at most :data:`_MARK_LOCK_WAIT`: a head
+        held longer (a writer stuck in its commit, which no append can pass either) is read
+        plainly and marked on a later read (the safety poll's, at the latest).
         """
         if execution_id in self._watched or "\x00" in execution_id:
             return await self.last_sequence(execution_id)
-        rows = await self._fetch(self._sql.watch, (execution_id,))
+        left = _MARK_LOCK_WAIT
+        if deadline is not None:
+            left = min(left, deadline - asyncio.get_running_loop().time())
+        rows = await self._mark_watched(execution_id, max(1, round(left * 1000)))
+        if rows is None:
+            return await self.last_sequence(execution_id)
         if not rows:
             return -1
         if len(self._watched) >= _WATCHED_KEPT:
             self._watched.clear()  # marking again costs one UPDATE; forgetting costs nothing
         self._watched.add(execution_id)
         return int(rows[0][0]) - 1
+
+    async def _mark_watched(self, execution_id: str, lock_ms: int) -> list[tuple[Any, ...]] | None:
+        """Run the mark waiting at most ``lock_ms`` for the head's lock: its rows (none: no
+        head yet), or None if the lock was not had in time (nothing was written)."""
+        pool = await self._ensure_open()
+        try:
+            async with pool.connection() as conn, conn.transaction():
+                await conn.execute(
+                    "SELECT set_config('lock_timeout', %s, true)", (f"{lock_ms}ms",), prepare=False
+                )
+                cur = await conn.execute(self._sql.watch, (execution_id,), prepare=False)
+                return await cur.fetchall()
+        except psycopg.errors.LockNotAvailable:
+            return None
+        except psycopg.Error as exc:
+            if isinstance(exc, psycopg.OperationalError):
+                self._writer.check_pool()
+            raise StorageError(
+                f"PostgreSQL store ({self.schema}): could not mark {execution_id!r} watched: {exc}",
+                execution_id=execution_id,
+            ) from exc
 
     async def acquire_fence(self, execution_id: str) -> int:
         """See :meth:`loom.storage.EventStore.acquire_fence`."""
@@ -759,7 +791,12 @@ class PostgresStore(PostgresBranches):
         remaining = None if deadline is None else max(0.0, deadline - loop.time())
         listening = self._listening.is_set() and not self.read_only
         poll = self.safety_poll_interval if listening else self.poll_interval
-        read_last = self._watch_last if listening else self.last_sequence
+
+        async def read_last(eid: str) -> int:
+            if listening:
+                return await self._watch_last(eid, deadline)
+            return await self.last_sequence(eid)
+
         self._waiting[execution_id] += 1
         try:
             return await self._waiters.wait(
