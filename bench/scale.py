@@ -59,6 +59,8 @@ PG_DSN = os.environ.get("LOOM_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:543
 
 #: Set by the recovering runtime: the step after the logged ones stops blocking.
 _release = asyncio.Event()
+#: Set when that step starts: every step before it is durable.
+_reached = asyncio.Event()
 
 
 @loom.step(id="noop")
@@ -68,6 +70,7 @@ async def noop(i: int) -> int:
 
 @loom.step(id="next")
 async def next_step() -> str:
+    _reached.set()
     await _release.wait()
     return "new"
 
@@ -146,6 +149,7 @@ async def _write_log(
     """Write an execution with ``n`` completed steps whose step n+1 never finishes; return
     (id, snapshot bytes, log bytes, process CPU µs per step while writing them)."""
     _release.clear()
+    _reached.clear()
     store = CountingStore(
         loom.SQLiteStore(path, synchronous="NORMAL"), segments=segments, objects=objects
     )
@@ -154,18 +158,12 @@ async def _write_log(
     cpu = time.process_time()
     handle = await runtime.start(long_flow, n)
     eid = handle.execution_id
-    last = -1
-    written = 0.0
-    while True:  # the n steps are durable once the (n+1)-th has started running
-        # Polling the log's end, not load_state: a fold per append is quadratic without
-        # snapshots (minutes at 10,000 steps).
-        last = await store.last_sequence(eid)
-        if last >= n:  # sequence 0 starts the execution, then one event per step
-            written = written or time.process_time() - cpu
-            state = await runtime.load_state(eid)
-            if state is not None and len(state.ops) >= n:
-                break
-        await store.wait_for_append(eid, last, timeout=5)
+    # The n steps are durable once the (n+1)-th has started running (awaited, not polled:
+    # a poll per append would cost the write as much CPU again).
+    await asyncio.wait_for(_reached.wait(), timeout=600)
+    written = time.process_time() - cpu
+    state = await runtime.load_state(eid)
+    assert state is not None and len(state.ops) >= n and state.last_sequence >= n, state
     log_bytes = sum(len(e.payload_json) for e in await store.inner.read(eid))
     await runtime.close()  # the "process" dies: step n+1 never completes
     return eid, store.snapshot_bytes, log_bytes, written / n * 1e6
