@@ -711,6 +711,12 @@ def test_lean_values_leave_text_with_a_nul_to_psycopg() -> None:
     assert _postgres_lean.lean_values(sql, ("a\x00b", 1)) is None
     encoded = _postgres_lean.lean_values(sql, ("a\u00e9b", 2**63 - 1))
     assert encoded is not None and encoded[1] == ["a\u00e9b".encode(), b"9223372036854775807"]
+    # Several text values (named), the NUL in any one of them.
+    named = "SELECT %(x)s, %(n)s, %(y)s"
+    assert _postgres_lean.lean_values(named, {"x": "a", "n": 1, "y": "b\x00"}) is None
+    assert _postgres_lean.lean_values(named, {"x": "a\x00", "n": 1, "y": "b"}) is None
+    encoded = _postgres_lean.lean_values(named, {"x": "a", "n": 1, "y": "b", "unused": 2})
+    assert encoded is not None and encoded[1] == [b"a", b"1", b"b"]
 
 
 async def test_a_lone_write_stores_its_time_exactly(store: PostgresStore) -> None:

@@ -113,16 +113,25 @@ _ENCODERS: dict[type, tuple[Callable[[Any], bytes | None], int]] = {
 }
 
 #: How one statement's parameters are sent, for one combination of their Python types: each
-#: value's encoder, the types sent with the PREPARE, and the positions of the text values
-#: (checked for a NUL); None when a parameter is not a scalar (psycopg adapts it).
-_Plan = tuple[tuple[Callable[[Any], bytes | None], ...], tuple[int, ...], tuple[int, ...]]
+#: value's encoder, the types sent with the PREPARE, and a function picking the encoded text
+#: values out (checked for a NUL in one scan; None: there are none); None when a parameter is
+#: not a scalar (psycopg adapts it).
+_Plan = tuple[
+    tuple[Callable[[Any], bytes | None], ...],
+    tuple[int, ...],
+    Callable[[list[bytes | None]], Any] | None,
+]
 
-#: Plans by statement, then by its parameters' types (a statement's writes come in a handful
-#: of type combinations: a value is None or not).
-_plans: dict[str, dict[tuple[type, ...], _Plan | None]] = {}
-
-#: The parameters of a statement with named placeholders, picked in ``$n`` order (C code).
-_pickers: dict[str, Callable[[Mapping[str, Any]], Any]] = {}
+#: By statement: its ``$n`` text, the picker of its named parameters in ``$n`` order (C code;
+#: None for positional ones, whose count is checked instead) and its plans by its parameters'
+#: types (a statement's writes come in a handful of type combinations: a value is None or not).
+_Statement = tuple[
+    bytes,
+    Callable[[Mapping[str, Any]], Any] | None,
+    int,
+    dict[tuple[type, ...], _Plan | None],
+]
+_statements: dict[str, _Statement] = {}
 
 
 def _plan(kinds: tuple[type, ...]) -> _Plan | None:
@@ -136,8 +145,26 @@ def _plan(kinds: tuple[type, ...]) -> _Plan | None:
             encoder = _ENCODERS[str]  # a str subclass (an enum's value)
         encoders.append(encoder[0])
         types.append(encoder[1])
-    texts = tuple(i for i, t in enumerate(types) if t == _TEXT)
-    return tuple(encoders), tuple(types), texts
+    texts = [i for i, t in enumerate(types) if t == _TEXT]
+    pick_texts: Callable[[list[bytes | None]], Any] | None = None
+    if len(texts) == 1:  # a slice: a list of one, as joinable as the tuple of several
+        pick_texts = operator.itemgetter(slice(texts[0], texts[0] + 1))
+    elif texts:
+        pick_texts = operator.itemgetter(*texts)
+    return tuple(encoders), tuple(types), pick_texts
+
+
+def _statement(sql: str) -> _Statement:
+    found = _statements.get(sql)
+    if found is None:
+        text, shape = _convert(sql)
+        if type(shape) is tuple:
+            found = (text, _picker(shape), -1, {})
+        else:
+            assert type(shape) is int
+            found = (text, None, shape, {})
+        _statements[sql] = found
+    return found
 
 
 def lean_values(
@@ -145,36 +172,29 @@ def lean_values(
 ) -> tuple[bytes, list[bytes | None], tuple[int, ...]] | None:
     """(the ``$n`` statement, its encoded values, their types), or None when a parameter is not
     a scalar (the write then goes through psycopg)."""
-    text, shape = _convert(sql)
+    text, picker, count, plans = _statements.get(sql) or _statement(sql)
     ordered: Sequence[Any]
-    if type(shape) is tuple:
+    if picker is not None:
         if type(params) is not dict and not isinstance(params, Mapping):
             return None
-        picker = _pickers.get(sql)
-        if picker is None:
-            picker = _pickers[sql] = _picker(shape)
         ordered = picker(params)
     else:
-        if isinstance(params, Mapping) or len(params) != shape:
+        if isinstance(params, Mapping) or len(params) != count:
             return None
         ordered = params
     kinds = tuple(map(type, ordered))
-    by_kinds = _plans.get(sql)
-    if by_kinds is None:
-        by_kinds = _plans[sql] = {}
     try:
-        plan = by_kinds[kinds]
+        plan = plans[kinds]
     except KeyError:
-        plan = by_kinds[kinds] = _plan(kinds)
+        plan = plans[kinds] = _plan(kinds)
     if plan is None:
         return None
-    encoders, types, texts = plan
+    encoders, types, pick_texts = plan
     values: list[bytes | None] = list(map(operator.call, encoders, ordered))
-    for i in texts:
-        if b"\0" in values[i]:  # type: ignore[operator]
-            # libpq sends a text parameter up to its first NUL: the rest would be dropped
-            # silently. psycopg refuses it (a DataError), as the write did before this path.
-            return None
+    if pick_texts is not None and b"\0" in b"".join(pick_texts(values)):
+        # libpq sends a text parameter up to its first NUL: the rest would be dropped
+        # silently. psycopg refuses it (a DataError), as the write did before this path.
+        return None
     return text, values, types
 
 
