@@ -7,6 +7,7 @@ tenant view must pass segments through, on it too.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import sqlite3
 import uuid
@@ -394,28 +395,99 @@ async def test_segments_pass_through_the_tenant_view(tmp_path: Any) -> None:
 def test_a_segment_finds_replaced_added_and_open_records_changed_in_place() -> None:
     """What the driver's next segment carries on top of a plain dict of ops: each record
     replaced since (even a completed one, by a reducer such as an outcome's attachment), each
-    one added, and each open one changed in place; nothing else. A position gone leaves no
-    base (the snapshot is whole)."""
+    one added, and each record not completed at the last snapshot that changed in place since
+    (open, resolved or failed: a vote lands on a resolved gate in place); nothing else. A
+    position gone leaves no base (the snapshot is whole), even if it came back."""
     from loom.model import OpKind, OpRecord, OpStatus
     from loom.runtime._driver import _SeenOps
 
     def done(name: str) -> OpRecord:
         return OpRecord(OpKind.STEP, name, OpStatus.COMPLETED, {"v": name})
 
+    gate = OpRecord(OpKind.GATE, "approve", OpStatus.WAITING)
+    failed = OpRecord(OpKind.STEP, "f", OpStatus.FAILED, None, {"message": "no"}, 1)
     ops = {0: done("a"), 1: done("b"), 2: OpRecord(OpKind.STEP, "c", OpStatus.STARTED)}
-    ops[3] = done("d")
+    ops.update({3: done("d"), 5: gate, 6: failed})
     seen = _SeenOps(ops)
     assert seen.changed(ops) == []
     ops[1] = done("b")  # replaced by an equal record: carried again, harmlessly
     ops[2].attempts = 2  # the open record, changed in place
     ops[4] = done("e")
     assert seen.changed(ops) == [1, 2, 4]
-    seen.advance(ops, [1, 2, 4])
+    seen = seen.advanced(ops, [1, 2, 4])
     assert seen.changed(ops) == []
+    gate.resolve({"vote": None})  # unchanged through the last segment, then changed in place
+    assert seen.changed(ops) == [5]
+    seen = seen.advanced(ops, [5])
+    gate.output = {**gate.output, "payload": {"vote": "approve"}}  # a vote, on a resolved gate
+    failed.error = {"message": "still no"}
+    assert seen.changed(ops) == [5, 6]
+    seen = seen.advanced(ops, [5, 6])
     ops[2] = done("c")  # completes: replaced
     ops[0] = OpRecord(OpKind.DECISION, "outcome", OpStatus.COMPLETED, {"score": 1.0})
     assert sorted(seen.changed(ops) or []) == [0, 2]
-    seen.advance(ops, [0, 2])
-    assert seen.open == {}  # nothing open is left to compare
-    del ops[3]
-    assert seen.changed(ops) is None
+    seen = seen.advanced(ops, [0, 2])
+    assert sorted(seen.open) == [5, 6]  # resolved and failed: still compared each time
+    moved = dict(ops)
+    del moved[3]
+    assert seen.changed(moved) is None
+    moved[3] = ops[3]  # back, at the end: the order no longer matches the last snapshot
+    assert seen.changed(moved) is None
+
+
+async def test_a_record_folded_while_a_snapshot_is_written_is_in_the_next_one() -> None:
+    """A snapshot awaits its write; a sibling task (``asyncio.gather``) may append meanwhile
+    (a suspension's snapshot is taken outside the driver's lock). Its record is not in that
+    snapshot, so it must be in the next one: each snapshot, whole or a segment, is checked
+    against the fold of the log."""
+    from loom.model import ExecutionStarted, ExecutionState, StepCompleted
+    from loom.runtime._clock import SystemClock
+    from loom.runtime._driver import Driver
+
+    for first_whole in (False, True):
+        store = InMemoryStore()
+        eid = f"race-{first_whole}"
+        fence = await store.acquire_fence(eid)
+        driver = Driver(
+            store,
+            ExecutionState(eid),
+            fence,
+            SystemClock(),
+            snapshot_every=10**9,
+            limits=loom.model.PayloadLimits(),
+            last_snapshot=-1,
+        )
+        await driver.append([ExecutionStarted("f", "1")])
+        for i in range(5):
+            await driver.append([StepCompleted(i, "s", 1, i)])
+        if first_whole:  # then the racing one is a segment
+            await driver.snapshot()
+            await driver.append([StepCompleted(5, "s", 1, 5)])
+        writing = asyncio.Event()
+        release = asyncio.Event()
+        for name in ("save_snapshot", "save_snapshot_segment"):
+            save = getattr(store, name)
+
+            async def held(
+                *args: Any,
+                _save: Any = save,
+                _writing: asyncio.Event = writing,
+                _release: asyncio.Event = release,
+            ) -> Any:
+                _writing.set()
+                await _release.wait()
+                return await _save(*args)
+
+            setattr(store, name, held)
+        snapshot = asyncio.ensure_future(driver.snapshot())
+        await writing.wait()
+        await driver.append([StepCompleted(10, "s", 1, "sibling")])
+        release.set()
+        await snapshot
+        await driver.append([StepCompleted(11, "s", 1, 11)])
+        await driver.snapshot()
+        stored = await store.load_snapshot(eid)
+        assert stored is not None and stored.sequence == driver.state.last_sequence
+        loaded = validate_snapshot(stored, eid)
+        assert loaded == replay(await store.read(eid), execution_id=eid)
+        assert 10 in loaded.ops

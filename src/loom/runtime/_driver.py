@@ -530,10 +530,12 @@ class Driver:
                     self._snap_marks = marks
                     self.last_snapshot = seq
                     return
-        await store.save_snapshot(Snapshot(state.execution_id, seq, state.to_stored()))
+        whole = Snapshot(state.execution_id, seq, state.to_stored())
         if self._loaded is not None:  # the marks cover only the changed records: all now
-            self._loaded = None
+            # (taken before the write: a sibling task may fold a record while it is awaited)
             marks = {pos: _mark(op) for pos, op in ops.items()}
+        await store.save_snapshot(whole)
+        self._loaded = None
         self._snap_marks = marks
         self._snap_input = state.input
         self._whole_ops = len(marks)
@@ -561,15 +563,21 @@ class Driver:
                 if state.input is self._snap_input:  # set once at the start: never repeated
                     del part["input"]
                 segment = Snapshot(state.execution_id, seq, part)
+                # The baseline is what this segment holds, taken before the write: a sibling
+                # task (``asyncio.gather``) may fold a record while it is awaited, and that one
+                # is for the next segment to carry.
+                after = seen.advanced(ops, changed)
                 if await store.save_snapshot_segment(segment, self.last_snapshot):
                     self._chain_ops += len(changed) + 1
-                    seen.advance(ops, changed)
+                    self._seen = after
                     self.last_snapshot = seq
                     return
-        await store.save_snapshot(Snapshot(state.execution_id, seq, state.to_stored()))
-        self._seen = _SeenOps(ops)
+        whole = Snapshot(state.execution_id, seq, state.to_stored())
+        after, count = _SeenOps(ops), len(ops)  # before the write, as above
+        await store.save_snapshot(whole)
+        self._seen = after
         self._snap_input = state.input
-        self._whole_ops = len(ops)
+        self._whole_ops = count
         self._chain_ops = 0
         self.last_snapshot = seq
 
@@ -610,12 +618,14 @@ class _SeenOps:
         changed += keys[n:]
         return changed
 
-    def advance(self, ops: dict[int, OpRecord], changed: list[int]) -> None:
-        """``ops`` was just written as a segment carrying ``changed``: it is the baseline."""
-        self.keys = list(ops)
-        self.objs = list(ops.values())
+    def advanced(self, ops: dict[int, OpRecord], changed: list[int]) -> _SeenOps:
+        """The baseline once ``ops`` is written as a segment carrying ``changed``."""
+        after = _SeenOps.__new__(_SeenOps)
+        after.keys = list(ops)
+        after.objs = list(ops.values())
         still_open = {*self.open, *changed}
-        self.open = {p: _mark(op) for p in still_open if (op := ops[p]).status is not _COMPLETED}
+        after.open = {p: _mark(op) for p in still_open if (op := ops[p]).status is not _COMPLETED}
+        return after
 
 
 class _Turns:
