@@ -92,6 +92,16 @@ async def _after_turns(turns: int, work: Awaitable[T]) -> T:
     return await work
 
 
+async def _woken_once_marked(
+    writer: PostgresStore, waiter: PostgresStore, eid: str, fence: int, after: int
+) -> None:
+    """``waiter`` waits past ``after`` and marks the head; the writer's next step wakes it."""
+    waiting = asyncio.ensure_future(waiter.wait_for_append(eid, after, timeout=30))
+    await until(lambda: eid in waiter._watched, "the head marked watched")
+    await writer.append([env(eid, after + 1, fence)])
+    assert await asyncio.wait_for(waiting, 10) == after + 1
+
+
 def _steps(eid: str, fence: int, sequences: Sequence[int]) -> list[Any]:
     return [env(eid, s, fence) for s in sequences]
 
@@ -111,10 +121,7 @@ async def test_only_starts_and_watched_heads_notify(
         await writer.append(_steps("quiet", fence, [4, 5]))  # a batch of two
         assert await notes.sent() == []  # nobody waits: no step notified
 
-        waiting = asyncio.ensure_future(waiter.wait_for_append("quiet", 5, timeout=30))
-        await until(lambda: "quiet" in waiter._watched, "the head marked watched")
-        await writer.append([env("quiet", 6, fence)])
-        assert await asyncio.wait_for(waiting, 10) == 6
+        await _woken_once_marked(writer, waiter, "quiet", fence, 5)
         assert await notes.sent() == ["quiet"]
 
         # A take-over moves the head it locked, watched or not.
@@ -152,10 +159,7 @@ async def test_a_waiter_of_an_execution_not_yet_started_is_woken_by_its_start(
     await writer.append([env("later", 0, fence)])
     assert await asyncio.wait_for(waiting, 10) == 0
     # Its next wait marks the head, which now exists: the next step wakes it.
-    waiting = asyncio.ensure_future(waiter.wait_for_append("later", 0, timeout=30))
-    await until(lambda: "later" in waiter._watched, "the head marked watched")
-    await writer.append([env("later", 1, fence)])
-    assert await asyncio.wait_for(waiting, 10) == 1
+    await _woken_once_marked(writer, waiter, "later", fence, 0)
 
 
 async def test_a_first_wait_racing_the_last_append_never_misses_it(
@@ -291,10 +295,7 @@ async def test_a_wait_keeps_its_deadline_while_the_head_is_locked(
             assert await waiter.wait_for_append("held", 1, timeout=0.3) == 1
         assert "held" not in waiter._watched
         await stuck.rollback()
-    waiting = asyncio.ensure_future(waiter.wait_for_append("held", 1, timeout=30))
-    await until(lambda: "held" in waiter._watched, "the head marked once free")
-    await writer.append([env("held", 2, fence)])
-    assert await asyncio.wait_for(waiting, 10) == 2
+    await _woken_once_marked(writer, waiter, "held", fence, 1)  # marked once free
 
 
 async def test_a_batched_take_over_from_sequence_0_notifies(

@@ -521,10 +521,7 @@ class Driver:
         if prev is not None and isinstance(store, SnapshotSegments) and prev.keys() <= marks.keys():
             changed = [pos for pos, m in marks.items() if prev.get(pos) != m]
             if self._chain_ops + len(changed) <= max(self._whole_ops, self.snapshot_every):
-                part = state.to_stored(only_ops=changed)
-                if state.input is self._snap_input:  # set once at the start: never repeated
-                    del part["input"]
-                segment = Snapshot(state.execution_id, seq, part)
+                segment = self._segment(state, seq, changed)
                 if await store.save_snapshot_segment(segment, self.last_snapshot):
                     self._chain_ops += len(changed) + 1
                     self._snap_marks = marks
@@ -541,6 +538,13 @@ class Driver:
         self._whole_ops = len(marks)
         self._chain_ops = 0
         self.last_snapshot = seq
+
+    def _segment(self, state: ExecutionState, seq: int, changed: list[int]) -> Snapshot:
+        """A segment at ``seq`` holding the op records at ``changed``."""
+        part = state.to_stored(only_ops=changed)
+        if state.input is self._snap_input:  # set once at the start: never repeated
+            del part["input"]
+        return Snapshot(state.execution_id, seq, part)
 
     async def _snapshot_dict(
         self, state: ExecutionState, seq: int, ops: dict[int, OpRecord]
@@ -559,10 +563,7 @@ class Driver:
             if changed is not None and self._chain_ops + len(changed) <= max(
                 self._whole_ops, self.snapshot_every
             ):
-                part = state.to_stored(only_ops=changed)
-                if state.input is self._snap_input:  # set once at the start: never repeated
-                    del part["input"]
-                segment = Snapshot(state.execution_id, seq, part)
+                segment = self._segment(state, seq, changed)
                 # The baseline is what this segment holds, taken before the write: a sibling
                 # task (``asyncio.gather``) may fold a record while it is awaited, and that one
                 # is for the next segment to carry.
