@@ -24,6 +24,7 @@ from loom.model import EventType
 from loom.storage._postgres_sql import notify_channel
 from loom.storage.postgres import PostgresStore
 from loom.testing._store_conformance import env
+from tests.support.pg import tagged_dsn, terminate
 from tests.support.poll import until
 
 pytestmark = pytest.mark.postgres
@@ -310,3 +311,21 @@ async def test_a_batched_take_over_from_sequence_0_notifies(
         request = ([env("zero", 0, fence + 1, EventType.TIMER_FIRED, fired)], fence)
         assert await writer.take_over_many([request]) == [None]
         assert "zero" in await notes.sent()
+
+
+async def test_a_first_wait_survives_terminated_pool_connections(
+    pg_dsn: str, schema: str, writer: PostgresStore
+) -> None:
+    """The mark is tried again on a fresh connection, as a read is, when the pooled one it
+    took turns out dead (a server restart terminates them all)."""
+    tag = f"loom-mark-{schema}"
+    waiter = await PostgresStore.open(tagged_dsn(pg_dsn, tag), schema=schema, pool_min=2, **NO_POLL)
+    try:
+        fence = await writer.acquire_fence("dead")
+        await writer.append(_steps("dead", fence, [0, 1]))
+        await waiter.wait_for_append("warm", -1, timeout=0)
+        await until(waiter._listening.is_set, "listening")
+        assert terminate(pg_dsn, tag) >= 1
+        await _woken_once_marked(writer, waiter, "dead", fence, 1)
+    finally:
+        await waiter.close()

@@ -704,24 +704,38 @@ class PostgresStore(PostgresBranches):
 
     async def _mark_watched(self, execution_id: str, lock_ms: int) -> list[tuple[Any, ...]] | None:
         """Run the mark waiting at most ``lock_ms`` for the head's lock: its rows (none: no
-        head yet), or None if the lock was not had in time (nothing was written)."""
+        head yet), or None if the lock was not had in time (nothing was written). Like a read,
+        it is tried once more when the pool's connection turns out dead (a server restart)."""
         pool = await self._ensure_open()
-        try:
-            async with pool.connection() as conn, conn.transaction():
-                await conn.execute(
-                    "SELECT set_config('lock_timeout', %s, true)", (f"{lock_ms}ms",), prepare=False
-                )
-                cur = await conn.execute(self._sql.watch, (execution_id,), prepare=False)
-                return await cur.fetchall()
-        except psycopg.errors.LockNotAvailable:
-            return None
-        except psycopg.Error as exc:
-            if isinstance(exc, psycopg.OperationalError):
-                self._writer.check_pool()
-            raise StorageError(
-                f"PostgreSQL store ({self.schema}): could not mark {execution_id!r} watched: {exc}",
-                execution_id=execution_id,
-            ) from exc
+        for attempt in (1, 2):
+            try:
+                async with pool.connection() as conn, conn.transaction():
+                    await conn.execute(
+                        "SELECT set_config('lock_timeout', %s, true)",
+                        (f"{lock_ms}ms",),
+                        prepare=False,
+                    )
+                    cur = await conn.execute(self._sql.watch, (execution_id,), prepare=False)
+                    return await cur.fetchall()
+            except psycopg.errors.LockNotAvailable:
+                return None
+            except psycopg.OperationalError as exc:
+                check = self._writer.check_pool()
+                if attempt == 2 or isinstance(exc, PoolTimeout | psycopg.errors.QueryCanceled):
+                    raise StorageError(
+                        f"PostgreSQL store ({self.schema}): could not mark {execution_id!r} "
+                        f"watched: {exc}",
+                        execution_id=execution_id,
+                    ) from exc
+                if check is not None:
+                    await asyncio.shield(check)
+            except psycopg.Error as exc:
+                raise StorageError(
+                    f"PostgreSQL store ({self.schema}): could not mark {execution_id!r} watched "
+                    f"for wait_for_append: {exc}",
+                    execution_id=execution_id,
+                ) from exc
+        raise AssertionError("unreachable")
 
     async def acquire_fence(self, execution_id: str) -> int:
         """See :meth:`loom.storage.EventStore.acquire_fence`."""
