@@ -123,3 +123,15 @@ async def schema(pg_dsn: str) -> AsyncIterator[str]:
 
     async with temp_schema(pg_dsn) as name:
         yield name
+
+
+@pytest.fixture
+async def pg_store(pg_dsn: str, schema: str) -> AsyncIterator[Store]:
+    """A PostgresStore over ``schema``, closed after the test."""
+    from loom.storage.postgres import PostgresStore
+
+    store = await PostgresStore.open(pg_dsn, schema=schema)
+    try:
+        yield store
+    finally:
+        await store.close()

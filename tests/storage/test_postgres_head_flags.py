@@ -36,12 +36,8 @@ NO_POLL = {"safety_poll_interval": 3600.0}
 
 
 @pytest.fixture
-async def writer(pg_dsn: str, schema: str) -> AsyncIterator[PostgresStore]:
-    store = await PostgresStore.open(pg_dsn, schema=schema)
-    try:
-        yield store
-    finally:
-        await store.close()
+def writer(pg_store: PostgresStore) -> PostgresStore:
+    return pg_store
 
 
 @pytest.fixture

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
 import psycopg
@@ -35,12 +34,8 @@ pytestmark = pytest.mark.postgres
 
 
 @pytest.fixture
-async def store(pg_dsn: str, schema: str) -> AsyncIterator[PostgresStore]:
-    s = await PostgresStore.open(pg_dsn, schema=schema)
-    try:
-        yield s
-    finally:
-        await s.close()
+def store(pg_store: PostgresStore) -> PostgresStore:
+    return pg_store
 
 
 VARIANTS = {

@@ -61,15 +61,10 @@ _TEXT, _INT8, _FLOAT8, _BOOL, _UNKNOWN = 25, 20, 701, 16, 0
 #: with one the server kept after our cache was cleared.
 _statement_numbers = itertools.count(1)
 
-#: (statement text, parameter names or count) by the psycopg statement text.
-_converted: dict[str, tuple[bytes, tuple[str, ...] | int]] = {}
-
 
 def _convert(sql: str) -> tuple[bytes, tuple[str, ...] | int]:
-    """``sql`` with psycopg placeholders (all named or all positional) in ``$n`` form."""
-    found = _converted.get(sql)
-    if found is not None:
-        return found
+    """``sql`` with psycopg placeholders (all named or all positional) in ``$n`` form, and its
+    parameter names (or count). Called once per statement: :func:`_statement` keeps it."""
     names: list[str] = []
     count = 0
 
@@ -88,9 +83,7 @@ def _convert(sql: str) -> tuple[bytes, tuple[str, ...] | int]:
     text = _PLACEHOLDER.sub(number, sql)
     if names and count:
         raise ValueError("a statement mixes named and positional placeholders")
-    found = (text.encode(), tuple(names) if names else count)
-    _converted[sql] = found
-    return found
+    return text.encode(), tuple(names) if names else count
 
 
 def _none(value: None) -> None:
