@@ -71,6 +71,7 @@ from loom.storage._common import (
     decode_snapshot,
     ended,
     merge_segments,
+    plain_record,
     segment_checksum,
     snapshot_checksum,
     take_over_refusal,
@@ -220,6 +221,7 @@ class PostgresStore(PostgresBranches):
         self.notify = notify
         self.read_only = read_only
         self._sql = statements(schema, notify=notify)
+        self._plain_sql = self._sql.events("append", one=True)
         #: Derived ids a log written before schema rung 10 already holds (nearly always none).
         self._reserved: frozenset[str] = frozenset()
         self._load_many_sql = postgres_load_many(f'"{schema}"')
@@ -386,8 +388,50 @@ class PostgresStore(PostgresBranches):
 
     async def append(self, envelopes: Sequence[Envelope]) -> None:
         """See :meth:`loom.storage.EventStore.append`."""
+        if len(envelopes) == 1 and not self._reserved and plain_record(envelopes[0]):
+            await self._submit(self._plain_append(envelopes[0]))
+            return
         _, first, fence = batch_head(envelopes)
         await self._write_events("append", envelopes, first, fence)
+
+    def _plain_append(self, env: Envelope) -> PostgresWrite:
+        """The write of one plain record (see ``plain_record``: a step's, say), as
+        :meth:`_write_events` builds it, without the cases a plain record cannot have (an id
+        of its own, several rows, an index row, blobs, reserved ids): what one execution
+        stepping pays on every step."""
+        self._writable()
+        execution_id = env.execution_id
+        _storable(execution_id, "execution id")  # its derived envelope id holds nothing else
+        payload = env.payload_json
+        _storable(payload, "payload")
+        kind = env.type
+        if type(kind) is not EventType:  # an extension's name: any text
+            _storable(kind, "event type")
+        first = env.sequence
+        checksum = env.checksum()
+        return PostgresWrite(
+            kind="append",
+            execution_id=execution_id,
+            sql=self._plain_sql,
+            params={
+                "eid": execution_id,
+                "fence": env.fence,
+                "first": first,
+                "end": first + 1,
+                "ends": kind in TERMINAL_TYPES,
+                "channel": self._channel,
+                "note": execution_id if len(execution_id.encode()) <= MAX_NOTE_BYTES else "",
+                "id": "",  # its derived id, stored empty (schema rung 10)
+                "type": str(kind),
+                "payload": payload,
+                "at": env.recorded_at,
+                "sum": checksum,
+            },
+            first=first,
+            fence=env.fence,
+            count=1,
+            probe=(first, [""], [checksum]),
+        )
 
     async def take_over(self, envelopes: Sequence[Envelope], *, from_fence: int) -> None:
         """See :meth:`loom.storage.EventStore.take_over`.
