@@ -5,17 +5,11 @@ append-only event log, so an execution survives crashes and redeploys and resume
 re-running the effects it already committed.
 """
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from loom import errors, faults
-from loom.agents import (
-    Agent,
-    AgentResult,
-    ApprovalPolicy,
-    Budget,
-    Price,
-    Tool,
-    agent,
-    tool,
-)
+from loom.agents import _events as _agent_events  # noqa: F401  (registers them: every log folds)
 from loom.errors import (
     ConcurrentWaitError,
     ExecutionAlreadyExistsError,
@@ -63,6 +57,37 @@ from loom.runtime import (
     step,
 )
 from loom.storage import InMemoryStore, Message, Snapshot, SQLiteStore
+
+if TYPE_CHECKING:
+    from loom.agents import (
+        Agent,
+        AgentResult,
+        ApprovalPolicy,
+        Budget,
+        Price,
+        Tool,
+        agent,
+        tool,
+    )
+
+#: The agent names, imported on first use (see ``loom.agents``): a process that runs only flows
+#: never loads the agent loop and the model providers' types.
+_AGENT_NAMES = frozenset(
+    {"Agent", "AgentResult", "ApprovalPolicy", "Budget", "Price", "Tool", "agent", "tool"}
+)
+
+if not TYPE_CHECKING:  # a module __getattr__ seen by mypy would make every name resolve
+
+    def __getattr__(name: str) -> Any:
+        if name not in _AGENT_NAMES:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module("loom.agents"), name)
+        globals()[name] = value  # later lookups find it without this hook
+        return value
+
+    def __dir__() -> list[str]:
+        return sorted({*globals(), *_AGENT_NAMES})
+
 
 __version__ = "0.1.0"
 
