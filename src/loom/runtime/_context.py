@@ -529,7 +529,7 @@ class WorkflowContext:
                 if call is not None:
                     annotations = call.annotations or None
                 kind = type(value)
-                if codec.adapter is None:
+                if codec.passthrough:
                     output = value
                 elif kind in codec.as_is and (kind is not float or _finite(value)):
                     output = value  # a plain scalar: stored as it is (see _Codec.dump)
@@ -555,7 +555,7 @@ class WorkflowContext:
             except PayloadError as exc:
                 # The output is not storable (checked while building the record, before the
                 # store saw anything): a step failure, never a crash of the flow's driver.
-                if step.output.adapter is None:
+                if step.output.passthrough:
                     exc = PayloadError(
                         f"step {step.id!r} returned a {type(value).__name__}, which is not "
                         f"JSON: {exc.message}",

@@ -284,42 +284,90 @@ def _scalar_types(annotation: Any) -> frozenset[type]:
     return frozenset()
 
 
-class _Codec:
-    """JSON-mode (de)serialisation through a pydantic TypeAdapter; ``Any`` passes through."""
+#: Containers whose pydantic schema is built from their arguments' alone.
+_JSON_CONTAINERS: frozenset[Any] = frozenset({dict, list, tuple, set, frozenset})
 
-    __slots__ = ("adapter", "annotation", "as_is", "exact")
+
+def _json_shaped(annotation: Any, depth: int = 0) -> bool:
+    """Whether ``annotation`` is made only of JSON scalars, ``Any`` and the builtin containers
+    and unions of them (``dict[str, Any]``, ``list[int] | None``): a TypeAdapter of such an
+    annotation is always built, so building it can wait until a value needs it."""
+    if depth > 8:
+        return False
+    if annotation is Any or annotation is Ellipsis or annotation in _SCALARS:
+        return True
+    try:
+        if annotation in _JSON_CONTAINERS:  # bare: its items are Any
+            return True
+    except TypeError:  # unhashable: not one of these
+        return False
+    origin = typing.get_origin(annotation)
+    if origin not in _JSON_CONTAINERS and origin not in (typing.Union, types.UnionType):
+        return False
+    return all(_json_shaped(arg, depth + 1) for arg in typing.get_args(annotation))
+
+
+class _Codec:
+    """JSON-mode (de)serialisation through a pydantic TypeAdapter; ``Any`` passes through.
+
+    The adapter of an annotation made of JSON scalars and builtin containers (``int``,
+    ``dict[str, Any]``: see ``_json_shaped``) is built on first need: building it cannot fail,
+    plain values never need it, and the first adapter of a process imports pydantic's schema
+    machinery (~70 ms that every worker and recovery paid at import for flows that only pass
+    ints and dicts). Any other annotation's is built here, so one that pydantic cannot handle
+    is refused where it is declared.
+    """
+
+    __slots__ = ("_adapter", "annotation", "as_is", "exact", "passthrough")
 
     def __init__(self, annotation: Any) -> None:
         self.annotation = annotation
-        self.adapter: pydantic.TypeAdapter[Any] | None = (
-            None
-            if annotation is Any or annotation is inspect.Parameter.empty
-            else pydantic.TypeAdapter(annotation)
-        )
+        #: ``Any`` (or no annotation): values are stored and loaded as they are.
+        self.passthrough = annotation is Any or annotation is inspect.Parameter.empty
         #: A JSON scalar type whose decoded values load as themselves (the lax validator
         #: returns an int, str, float or bool of exactly that type unchanged).
         self.exact: type | None = next((t for t in _EXACT if annotation is t), None)
         #: Scalar types stored without a pydantic round trip (an immutable value that JSON
         #: mode would return unchanged: nothing to convert, copy or check but finiteness).
         self.as_is = _scalar_types(annotation)
+        self._adapter: pydantic.TypeAdapter[Any] | None = None
+        if not self.passthrough and not _json_shaped(annotation):
+            self._adapter = pydantic.TypeAdapter(annotation)
+
+    @property
+    def adapter(self) -> pydantic.TypeAdapter[Any] | None:
+        """The annotation's TypeAdapter (built on first use for a scalar one); None for
+        ``Any``."""
+        if self.passthrough:
+            return None
+        adapter = self._adapter
+        if adapter is None:
+            adapter = self._adapter = pydantic.TypeAdapter(self.annotation)
+        return adapter
+
+    def plain(self, value: Any) -> bool:
+        """Whether ``value`` is stored as it is: of an ``as_is`` type (and finite)."""
+        kind = type(value)
+        return kind in self.as_is and (kind is not float or math.isfinite(value))
 
     def dump(self, value: Any, what: str) -> Any:
-        if self.adapter is None:
+        if self.passthrough or self.plain(value):
             return value
-        kind = type(value)
-        if kind in self.as_is and (kind is not float or math.isfinite(value)):
-            return value
+        adapter = self.adapter
+        assert adapter is not None
         try:
-            return json_dump(self.adapter, value)
+            return json_dump(adapter, value)
         except (pydantic.ValidationError, pydantic_core.PydanticSerializationError) as exc:
             raise PayloadError(f"{what} does not match {self.annotation!r}: {exc}") from exc
         except _NOT_JSON as exc:
             raise PayloadError(f"{what} is not storable as JSON: {exc!r}") from exc
 
     def load(self, data: Any) -> Any:
-        if self.adapter is None or type(data) is self.exact:
+        if self.passthrough or type(data) is self.exact:
             return data
-        return self.adapter.validate_python(data)
+        adapter = self.adapter
+        assert adapter is not None
+        return adapter.validate_python(data)
 
 
 def problems_line(exc: pydantic.ValidationError) -> str:
@@ -584,11 +632,15 @@ class Flow(Generic[InputT, OutputT]):
     ) -> Any:
         """Validate and JSON-encode a start input; raise InvalidInputError before anything runs."""
         try:
-            if self.input.adapter is None:
+            codec = self.input
+            if codec.passthrough:
                 encode_json(value, limits=limits, what="the input")
                 return value
-            model = self.input.adapter.validate_python(value)
-            return json_dump(self.input.adapter, model)
+            if codec.plain(value):
+                return value  # what validating and dumping it would return (see _Codec.dump)
+            adapter = codec.adapter
+            assert adapter is not None
+            return json_dump(adapter, adapter.validate_python(value))
         except (
             pydantic.ValidationError,
             pydantic_core.PydanticSerializationError,
