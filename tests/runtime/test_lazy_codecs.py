@@ -12,7 +12,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import pydantic
 import pytest
@@ -123,6 +123,25 @@ def test_an_annotation_pydantic_cannot_handle_is_still_refused_where_it_is_decla
 
     with pytest.raises(ConfigurationError, match="cannot store"):
         loom.step(id="opaque")(returns_opaque)
+    # Shaped like JSON containers but not buildable: still refused where declared, as before.
+    for broken in (tuple[..., int], list[...], dict[str]):  # type: ignore[misc]
+
+        async def returns_broken() -> Any:
+            return None
+
+        returns_broken.__annotations__["return"] = broken
+        with pytest.raises(ConfigurationError, match="cannot store"):
+            loom.step(id="broken")(returns_broken)
+    # An annotation that cannot be hashed (a dict in Annotated's metadata) is simply not JSON
+    # shaped: its adapter is built where it is declared, and it works as before.
+    unit = Annotated[int, {"unit": "ms"}]
+    assert _Codec(unit)._adapter is not None and _Codec(unit).load("5") == 5
+    assert _Codec(list[unit])._adapter is not None
+
+    async def gated(ctx: loom.WorkflowContext) -> None:
+        return None
+
+    assert loom.flow(id="gated", resume_schemas={"go": unit})(gated).resume_schemas["go"]
     # Annotations beyond JSON shapes keep building their adapter at once.
     assert _Codec(Literal["a", "b"])._adapter is not None
     assert _Codec(list[Color])._adapter is not None

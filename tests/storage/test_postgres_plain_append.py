@@ -108,8 +108,10 @@ async def test_records_that_are_not_plain_take_the_general_path() -> None:
         _step("nul\x00id", 1, None),
         Envelope.create("e", 4, "acme.\ud800", {"k": 1}, fence=2, recorded_at=5.0),
         Envelope.create("e", 4, "acme.\x00", {"k": 1}, fence=2, recorded_at=5.0),
+        # Envelope.create escapes a NUL in the JSON; one built by hand may carry it raw.
+        dataclasses.replace(_step("e", 1, None), payload_json='{"raw":"\x00"}'),
     ],
-    ids=["nul-id", "surrogate-type", "nul-type"],
+    ids=["nul-id", "surrogate-type", "nul-type", "nul-payload"],
 )
 async def test_the_plain_append_refuses_what_the_general_path_refuses(env: Envelope) -> None:
     refused: list[tuple[type[BaseException], str]] = []

@@ -284,27 +284,37 @@ def _scalar_types(annotation: Any) -> frozenset[type]:
     return frozenset()
 
 
-#: Containers whose pydantic schema is built from their arguments' alone.
-_JSON_CONTAINERS: frozenset[Any] = frozenset({dict, list, tuple, set, frozenset})
+#: Containers whose pydantic schema is built from their arguments' alone, by how many
+#: arguments each takes (a tuple: any number, or one and ``...``).
+_JSON_CONTAINERS: dict[Any, int] = {dict: 2, list: 1, set: 1, frozenset: 1, tuple: -1}
 
 
 def _json_shaped(annotation: Any, depth: int = 0) -> bool:
     """Whether ``annotation`` is made only of JSON scalars, ``Any`` and the builtin containers
-    and unions of them (``dict[str, Any]``, ``list[int] | None``): a TypeAdapter of such an
-    annotation is always built, so building it can wait until a value needs it."""
+    (each with as many arguments as it takes) and unions of them (``dict[str, Any]``,
+    ``list[int] | None``, ``tuple[int, ...]``): a TypeAdapter of such an annotation is always
+    built, so building it can wait until a value needs it. Anything else (``list[...]``,
+    ``dict[str]``, ``Annotated``, models) is False, and its adapter is built where it is
+    declared, refusing it there if pydantic cannot."""
     if depth > 8:
         return False
-    if annotation is Any or annotation is Ellipsis or annotation in _SCALARS:
-        return True
     try:
-        if annotation in _JSON_CONTAINERS:  # bare: its items are Any
-            return True
-    except TypeError:  # unhashable: not one of these
+        if annotation is Any or annotation in _SCALARS or annotation in _JSON_CONTAINERS:
+            return True  # a bare container: its items are Any
+    except TypeError:  # unhashable (Annotated with a dict in its metadata): not one of these
         return False
     origin = typing.get_origin(annotation)
-    if origin not in _JSON_CONTAINERS and origin not in (typing.Union, types.UnionType):
+    args = typing.get_args(annotation)
+    if origin in (typing.Union, types.UnionType):
+        return all(_json_shaped(arg, depth + 1) for arg in args)
+    takes = _JSON_CONTAINERS.get(origin) if origin in _JSON_CONTAINERS else None
+    if takes is None:
         return False
-    return all(_json_shaped(arg, depth + 1) for arg in typing.get_args(annotation))
+    if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
+        args = args[:1]  # tuple[int, ...]
+    elif takes >= 0 and len(args) != takes:
+        return False
+    return all(_json_shaped(arg, depth + 1) for arg in args)
 
 
 class _Codec:
@@ -431,8 +441,9 @@ class Step(Generic[P, R]):
         self.is_async = inspect.iscoroutinefunction(fn)
         try:
             self.output = _Codec(_hints(fn).get("return", Any))
-        except pydantic.PydanticSchemaGenerationError:
-            # Known now, before any effect runs: a result Loom could not store or reload.
+        except (pydantic.PydanticSchemaGenerationError, TypeError):
+            # Known now, before any effect runs: a result Loom could not store or reload (a
+            # malformed annotation such as ``dict[str]`` is pydantic's TypeError).
             raise ConfigurationError(
                 f"step {id!r} returns {_hints(fn).get('return')!r}, which Loom cannot store "
                 "as JSON",
