@@ -23,6 +23,8 @@ import tempfile
 import time
 from collections.abc import Awaitable, Callable
 
+from bench.peers.systems.loom_system import seq_flow  # the flow bench.peers times per step
+
 import loom
 from loom.storage._sqlite_sql import INSERT_EVENT
 
@@ -34,19 +36,6 @@ _EVENTS = (
     " PRIMARY KEY (execution_id, sequence))"
 )
 _CHECKSUM = hashlib.blake2b(digest_size=12)
-
-
-@loom.step(id="inc")
-async def inc(x: int) -> int:
-    return x + 1
-
-
-@loom.flow(id="fused-step-bench", version="1")
-async def seq_flow(ctx: loom.WorkflowContext, n: int) -> int:
-    x = 0
-    for _ in range(n):
-        x = await ctx.run(inc, x)
-    return x
 
 
 async def raw_inc(x: int) -> int:
