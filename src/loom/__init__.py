@@ -5,10 +5,10 @@ append-only event log, so an execution survives crashes and redeploys and resume
 re-running the effects it already committed.
 """
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from loom import errors, faults
+from loom._lazy import lazy_exports as _lazy_exports
 from loom.agents import _events as _agent_events  # noqa: F401  (registers them: every log folds)
 from loom.errors import (
     ConcurrentWaitError,
@@ -76,17 +76,8 @@ _AGENT_NAMES = frozenset(
     {"Agent", "AgentResult", "ApprovalPolicy", "Budget", "Price", "Tool", "agent", "tool"}
 )
 
-if not TYPE_CHECKING:  # a module __getattr__ seen by mypy would make every name resolve
-
-    def __getattr__(name: str) -> Any:
-        if name not in _AGENT_NAMES:
-            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-        value = getattr(importlib.import_module("loom.agents"), name)
-        globals()[name] = value  # later lookups find it without this hook
-        return value
-
-    def __dir__() -> list[str]:
-        return sorted({*globals(), *_AGENT_NAMES})
+if not TYPE_CHECKING:
+    __getattr__, __dir__ = _lazy_exports(globals(), dict.fromkeys(_AGENT_NAMES, "loom.agents"))
 
 
 __version__ = "0.1.0"

@@ -9,8 +9,9 @@ recorded step), ``@loom.tool``, approval gates, budgets and the live text channe
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from loom._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from loom.agents._agent import (
@@ -62,18 +63,8 @@ _EXPORTS: dict[str, str] = {
     "vote": "loom.agents._approval",
 }
 
-if not TYPE_CHECKING:  # a module __getattr__ seen by mypy would make every name resolve
-
-    def __getattr__(name: str) -> Any:
-        module = _EXPORTS.get(name)
-        if module is None:
-            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-        value = getattr(importlib.import_module(module), name)
-        globals()[name] = value  # later lookups find it without this hook
-        return value
-
-    def __dir__() -> list[str]:
-        return sorted({*globals(), *_EXPORTS})
+if not TYPE_CHECKING:
+    __getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)
 
 
 __all__ = [

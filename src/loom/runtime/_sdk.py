@@ -307,7 +307,7 @@ def _json_shaped(annotation: Any, depth: int = 0) -> bool:
     args = typing.get_args(annotation)
     if origin in (typing.Union, types.UnionType):
         return all(_json_shaped(arg, depth + 1) for arg in args)
-    takes = _JSON_CONTAINERS.get(origin) if origin in _JSON_CONTAINERS else None
+    takes = _JSON_CONTAINERS.get(origin)
     if takes is None:
         return False
     if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
@@ -346,7 +346,7 @@ class _Codec:
 
     @property
     def adapter(self) -> pydantic.TypeAdapter[Any] | None:
-        """The annotation's TypeAdapter (built on first use for a scalar one); None for
+        """The annotation's TypeAdapter (built on first use for a JSON-shaped one); None for
         ``Any``."""
         if self.passthrough:
             return None

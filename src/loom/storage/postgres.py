@@ -29,8 +29,16 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import Counter
-from collections.abc import AsyncIterator, Collection, Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Collection,
+    Iterable,
+    Mapping,
+    Sequence,
+)
+from typing import Any, TypeVar
 
 import psycopg
 import psycopg.errors
@@ -113,6 +121,8 @@ from loom.storage._spi import (
 )
 
 __all__ = ["SCHEMA_VERSION", "PostgresStore"]
+
+T = TypeVar("T")
 
 #: How many executions a store remembers having marked watched (see _watch_last).
 _WATCHED_KEPT = 100_000
@@ -357,31 +367,47 @@ class PostgresStore(PostgresBranches):
     async def _fetch(
         self, sql: str, params: Sequence[Any] | Mapping[str, Any]
     ) -> list[tuple[Any, ...]]:
+        async def read(conn: psycopg.AsyncConnection[Any]) -> list[tuple[Any, ...]]:
+            try:
+                cur = await conn.execute(sql, params)
+            except psycopg.errors.InvalidSqlStatementName:
+                # Its prepared statements were dropped behind psycopg's back (a pooler's
+                # DISCARD ALL): psycopg would keep naming them on this connection. Reads are
+                # idempotent; this one runs again, prepared again when it is due.
+                await forget_prepared(conn)
+                cur = await conn.execute(sql, params)
+            return await cur.fetchall()
+
+        return await self._retried(read, "read failed")
+
+    async def _retried(
+        self,
+        run: Callable[[psycopg.AsyncConnection[Any]], Awaitable[T]],
+        what: str,
+        execution_id: str | None = None,
+    ) -> T:
+        """``run`` on a pooled connection, once more if that connection turns out dead: for
+        work that may safely run twice (a read; a waiter's mark). Once the pool has replaced
+        the connections that died while idle (server restart, terminated sessions), one retry
+        hides the loss. Any other failure is a :class:`StorageError` saying ``what``."""
         pool = await self._ensure_open()
         for attempt in (1, 2):
             try:
                 async with pool.connection() as conn:
-                    try:
-                        cur = await conn.execute(sql, params)
-                    except psycopg.errors.InvalidSqlStatementName:
-                        # Its prepared statements were dropped behind psycopg's back (a pooler's
-                        # DISCARD ALL): psycopg would keep naming them on this connection. Reads
-                        # are idempotent; this one runs again, prepared again when it is due.
-                        await forget_prepared(conn)
-                        cur = await conn.execute(sql, params)
-                    return await cur.fetchall()
+                    return await run(conn)
             except psycopg.OperationalError as exc:
-                # Reads are idempotent: once the pool has replaced the connections that died
-                # while idle (server restart, terminated sessions), one retry hides the loss.
                 check = self._writer.check_pool()
                 if attempt == 2 or isinstance(exc, PoolTimeout | psycopg.errors.QueryCanceled):
                     raise StorageError(
-                        f"PostgreSQL store ({self.schema}): read failed: {exc}"
+                        f"PostgreSQL store ({self.schema}): {what}: {exc}",
+                        execution_id=execution_id,
                     ) from exc
                 if check is not None:
                     await asyncio.shield(check)
             except psycopg.Error as exc:
-                raise StorageError(f"PostgreSQL store ({self.schema}): read failed: {exc}") from exc
+                raise StorageError(
+                    f"PostgreSQL store ({self.schema}): {what}: {exc}", execution_id=execution_id
+                ) from exc
         raise AssertionError("unreachable")
 
     # ---------------------------------------------------------------- EventStore
@@ -750,10 +776,10 @@ class PostgresStore(PostgresBranches):
         """Run the mark waiting at most ``lock_ms`` for the head's lock: its rows (none: no
         head yet), or None if the lock was not had in time (nothing was written). Like a read,
         it is tried once more when the pool's connection turns out dead (a server restart)."""
-        pool = await self._ensure_open()
-        for attempt in (1, 2):
+
+        async def mark(conn: psycopg.AsyncConnection[Any]) -> list[tuple[Any, ...]] | None:
             try:
-                async with pool.connection() as conn, conn.transaction():
+                async with conn.transaction():
                     await conn.execute(
                         "SELECT set_config('lock_timeout', %s, true)",
                         (f"{lock_ms}ms",),
@@ -763,23 +789,9 @@ class PostgresStore(PostgresBranches):
                     return await cur.fetchall()
             except psycopg.errors.LockNotAvailable:
                 return None
-            except psycopg.OperationalError as exc:
-                check = self._writer.check_pool()
-                if attempt == 2 or isinstance(exc, PoolTimeout | psycopg.errors.QueryCanceled):
-                    raise StorageError(
-                        f"PostgreSQL store ({self.schema}): could not mark {execution_id!r} "
-                        f"watched: {exc}",
-                        execution_id=execution_id,
-                    ) from exc
-                if check is not None:
-                    await asyncio.shield(check)
-            except psycopg.Error as exc:
-                raise StorageError(
-                    f"PostgreSQL store ({self.schema}): could not mark {execution_id!r} watched "
-                    f"for wait_for_append: {exc}",
-                    execution_id=execution_id,
-                ) from exc
-        raise AssertionError("unreachable")
+
+        what = f"could not mark {execution_id!r} watched for wait_for_append"
+        return await self._retried(mark, what, execution_id)
 
     async def acquire_fence(self, execution_id: str) -> int:
         """See :meth:`loom.storage.EventStore.acquire_fence`."""
