@@ -16,10 +16,11 @@ from __future__ import annotations
 import os
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 __all__ = [
+    "ARMED",
     "FAULT_POINTS",
     "Block",
     "FaultAction",
@@ -101,6 +102,9 @@ class _Armed:
 
 
 _armed: dict[str, _Armed] = {}
+#: Truthy while any point is armed (the same dict, never rebound): a path crossed on every step
+#: tests it before calling :func:`hit`, which is then a no-op anyway, and saves the call.
+ARMED: Mapping[str, object] = _armed
 _counts: dict[str, int] = {}
 _lock = threading.Lock()
 

@@ -123,6 +123,9 @@ class Envelope:
     typed: Any = field(repr=False, compare=False, default=None)
     #: The checksum, once computed (never copied by ``dataclasses.replace``: not an init field).
     _checksum: str = field(repr=False, compare=False, default="", init=False)
+    #: True when :meth:`of` gave it its derived id (so a store need not build the id again to
+    #: compare); False says nothing. Not an init field: ``dataclasses.replace`` resets it.
+    id_derived: bool = field(repr=False, compare=False, default=False, init=False)
 
     @classmethod
     def create(
@@ -166,11 +169,18 @@ class Envelope:
     ) -> Envelope:
         """Build an envelope from a typed payload of a registered event type (without
         ``envelope_id``: its derived id, inlined here as every step builds one)."""
-        kind = event_type_of(event)
-        wire = event.to_wire()
-        text = _step_completed_json(event, limits) if type(event) is StepCompleted else None
+        kind: str
+        if type(event) is StepCompleted:  # every step's record: its type is known
+            kind = EventType.STEP_COMPLETED
+            wire = event.to_wire()
+            text = _step_completed_json(event, limits)
+        else:
+            kind = event_type_of(event)
+            wire = event.to_wire()
+            text = None
         if text is None:
             text = encode_json(wire, limits=limits, what=f"{kind} payload")
+        derived = not envelope_id
         eid = envelope_id or f"{execution_id}#{sequence}.{fence}"
         # Every step builds one: the slots are filled directly, as a frozen dataclass's own
         # __init__ does through a slower object.__setattr__ per field, and the checksum the
@@ -188,6 +198,8 @@ class Envelope:
         _set_checksum(
             env, envelope_checksum(eid, execution_id, sequence, kind, text, recorded_at, fence)
         )
+        if derived:
+            _set_id_derived(env, True)
         return env
 
     @property
@@ -261,6 +273,7 @@ _new_object = object.__new__
     _set_payload_json,
     _set_typed,
     _set_checksum,
+    _set_id_derived,
 ) = (getattr(Envelope, f.name).__set__ for f in fields(Envelope))
 
 _encode_str = json.encoder.encode_basestring

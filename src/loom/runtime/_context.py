@@ -67,6 +67,7 @@ log = logging.getLogger("loom.steps")
 _STEP_INVOKE = Step.invoke
 #: math.isfinite over a step's value once its type is known to be float.
 _finite: Callable[[Any], bool] = math.isfinite
+_new_tuple = tuple.__new__
 
 if sys.version_info >= (3, 12):
     _current_task: Callable[[asyncio.AbstractEventLoop], asyncio.Task[Any] | None] = (
@@ -497,23 +498,38 @@ class WorkflowContext:
                 # new step may reach here without _take_position.
                 deferred.aborted = True
                 raise LeavesReplay
-            info = new_step_info(
-                driver.state.execution_id,
-                pos,
-                attempt,
-                step.id,
-                driver.fence,
-                driver.resources,
-                simulation,
-            )
             started_at = driver.clock.now()
             if step.record_start:
                 await driver.append([StepStarted(pos, step.id, attempt)])
-            token = _current_step.set(info)
+            chain = driver.intercept or step._chain
+            if chain is None:
+                # Its StepInfo is built only if the step asks for it (see _step_info_now).
+                token = _current_step.set(
+                    (
+                        driver.state.execution_id,
+                        pos,
+                        attempt,
+                        step.id,
+                        driver.fence,
+                        driver.resources,
+                        simulation,
+                    )
+                )
+            else:
+                info = new_step_info(
+                    driver.state.execution_id,
+                    pos,
+                    attempt,
+                    step.id,
+                    driver.fence,
+                    driver.resources,
+                    simulation,
+                )
+                token = _current_step.set(info)
             try:
-                faults.hit("before_effect")
+                if faults.ARMED:  # (the call is the whole cost of an unarmed point)
+                    faults.hit("before_effect")
                 work: Awaitable[Any]
-                chain = driver.intercept or step._chain
                 if chain is None:
                     work = step.fn(*args, **kwargs) if direct else step.invoke(*args, **kwargs)  # type: ignore[assignment]
                     annotations = None
@@ -541,15 +557,23 @@ class WorkflowContext:
                 continue
             finally:
                 _current_step.reset(token)
-            faults.hit("after_effect_before_record")
+            if faults.ARMED:  # (the call is the whole cost of an unarmed point)
+                faults.hit("after_effect_before_record")
             try:
-                completed = StepCompleted(pos, step.id, attempt, output, started_at, annotations)
+                # StepCompleted(...), without the Python frame of a NamedTuple's __new__.
+                completed = _new_tuple(
+                    StepCompleted, (pos, step.id, attempt, output, started_at, annotations)
+                )
                 as_event = step.record_as
                 done: EventPayload = completed if as_event is None else as_event(completed)
                 if step.defer_record is not None and step.defer_record(output):
                     driver.defer(done)  # durable with the next write (see Step.defer_record)
                 elif task is driver.task or driver.task is None:
-                    await driver._append([done])  # what append() does in the driver's task
+                    # What append() does in the driver's task, committed in this frame when
+                    # the store can (see Driver.append_now).
+                    rest = driver.append_now(done)
+                    if rest is not None:
+                        await rest
                 else:
                     await driver.append_elsewhere([done])
             except PayloadError as exc:

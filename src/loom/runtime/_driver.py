@@ -37,6 +37,7 @@ from loom.model._state import LazyOps
 from loom.runtime._clock import Clock
 from loom.runtime._intercept import CallNext
 from loom.storage import (
+    AppendsNow,
     AppendsWithBlobs,
     BlobStore,
     MailboxStore,
@@ -123,11 +124,25 @@ def _retrieve(fut: asyncio.Future[None]) -> None:
 
 #: What each store object supports, checked once per store: a runtime-checkable protocol's
 #: isinstance costs ~18 µs, three of them on every execution started, resumed or woken.
-_CAPABILITIES: weakref.WeakKeyDictionary[Any, tuple[bool, bool, bool]] = weakref.WeakKeyDictionary()
+_CAPABILITIES: weakref.WeakKeyDictionary[Any, tuple[bool, bool, bool, bool]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
-def _capabilities(store: Store) -> tuple[bool, bool, bool]:
-    """(keeps a mailbox, keeps blobs, appends with blobs in one write) for ``store``."""
+def _defined_together(cls: type, fast: str, general: str) -> bool:
+    """Whether ``cls`` takes ``fast`` and ``general`` from the same class: a subclass that
+    overrides only ``append`` (to count or wrap the writes) must see every write there, so its
+    inherited ``append_now`` is not used."""
+    fast_owner, general_owner = (
+        next((c for c in cls.__mro__ if name in c.__dict__), None) for name in (fast, general)
+    )
+    # Neither found on the class (a proxy's __getattr__ answers them): not known, not used.
+    return fast_owner is not None and fast_owner is general_owner
+
+
+def _capabilities(store: Store) -> tuple[bool, bool, bool, bool]:
+    """(keeps a mailbox, keeps blobs, appends with blobs in one write, appends in the
+    caller's frame) for ``store``."""
     try:
         known = _CAPABILITIES.get(store)
     except TypeError:  # not weak-referenceable or not hashable: just check
@@ -137,6 +152,8 @@ def _capabilities(store: Store) -> tuple[bool, bool, bool]:
             isinstance(store, MailboxStore),
             isinstance(store, BlobStore),
             isinstance(store, AppendsWithBlobs),
+            isinstance(store, AppendsNow)
+            and _defined_together(type(store), "append_now", "append"),
         )
         try:
             _CAPABILITIES[store] = known
@@ -227,12 +244,13 @@ class Driver:
         self.deferred: DeferredTakeOver | None = None
         #: That take-over was refused (or not known to be written): this driver never held it.
         self.lost_take_over = False
-        is_mailbox, is_blob_store, appends_with_blobs = _capabilities(store)
+        is_mailbox, is_blob_store, appends_with_blobs, appends_now = _capabilities(store)
         #: Where early messages wait (None: the store keeps no mailbox).
         self.mailbox = cast("MailboxStore", store) if is_mailbox else None
         # Checked once: an agent stores blobs on nearly every write.
         self.blob_store = cast("BlobStore", store) if is_blob_store else None
         self._with_blobs = cast("AppendsWithBlobs", store) if appends_with_blobs else None
+        self._store_now = cast("AppendsNow", store).append_now if appends_now else None
 
     def consumed_messages(self) -> set[str]:
         """The ids of every message (or keyed resume) a gate of this execution has taken."""
@@ -265,6 +283,82 @@ class Driver:
             await self._append(events)
             return
         await self.append_elsewhere(events)
+
+    def append_now(self, event: EventPayload) -> Awaitable[None] | None:
+        """:meth:`append` of one record from the driver's own task (a new step's), committed
+        here and now when nothing else is under way and the store can commit it in this frame
+        (:class:`~loom.storage.AppendsNow`): then None, with the state folded. Otherwise an
+        awaitable that does the rest (the whole append, or the store's wait and the fold),
+        which the caller awaits at once. The same checks, refusals and errors as ``append``.
+        """
+        store_now = self._store_now
+        turns = self.lock
+        if (
+            store_now is None
+            or turns.held
+            or turns.waiting
+            or self.fenced_out is not None
+            or self.deferred is not None
+            or self.pending_records
+            or self.pending_ui
+            or self.pending_blobs
+            or self.stop_at_boundary
+        ):
+            return self._append([event])
+        state = self.state
+        if state.is_terminal:
+            return self._append([event])  # which refuses it, word for word
+        # Driver.build for one record, inline.
+        env = Envelope.of(
+            state.execution_id,
+            state.last_sequence + 1,
+            event,
+            fence=self.fence,
+            recorded_at=self.clock.now(),
+            limits=self.limits,
+        )
+        try:
+            done = store_now(env)
+        except StaleFenceError as exc:
+            if exc.execution_id == state.execution_id:
+                self.fenced_out = exc
+            raise
+        except LoomError:
+            raise
+        except Exception as exc:
+            raise _storage_failure(state.execution_id, exc) from exc
+        if done is False:
+            return self._append([event])  # nothing was done: the general path
+        if done is not True:
+            return self._append_under_way(env, done)
+        apply_event(state, env)
+        if state.last_sequence - self.last_snapshot >= self.snapshot_every:
+            return self.try_snapshot()
+        return None
+
+    async def _append_under_way(self, env: Envelope, write: Awaitable[None]) -> None:
+        """The rest of :meth:`append_now` when the store's write had to wait: awaited with the
+        append lock held (nothing of this driver ran since the write began), then folded."""
+        turns = self.lock
+        turns.held = True
+        try:
+            try:
+                await write
+            except StaleFenceError as exc:
+                if exc.execution_id == self.state.execution_id:
+                    self.fenced_out = exc
+                raise
+            except LoomError:
+                raise
+            except Exception as exc:
+                raise _storage_failure(self.state.execution_id, exc) from exc
+            apply_event(self.state, env)
+            if self.state.last_sequence - self.last_snapshot >= self.snapshot_every:
+                await self.try_snapshot()
+        finally:
+            turns.give()
+        if self.stop_at_boundary:
+            raise StopAtBoundary
 
     async def append_elsewhere(self, events: Sequence[EventPayload]) -> None:
         """:meth:`append` from a task other than the driver's own (one of the flow's

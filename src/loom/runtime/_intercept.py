@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar, overload, runtime_checkable
 
 from loom.errors import ConfigurationError
-from loom.runtime._sdk import Step, StepInfo, _current_step
+from loom.runtime._sdk import Step, StepInfo, _step_info_now
 
 __all__ = ["CallNext", "StepCall", "StepInterceptor", "build_chain", "own_chain", "resource"]
 
@@ -119,7 +119,7 @@ def resource(name: str, kind: type[Any] | None = None) -> Any:
     With ``kind``, the resource is checked to be an instance of it (and typed as one).
     Raises :class:`ConfigurationError` outside a step, for an unknown name or a wrong type.
     """
-    info = _current_step.get()
+    info = _step_info_now()
     if info is None:
         raise ConfigurationError(
             f"loom.resource({name!r}) is only available inside a step run by a runtime",

@@ -185,7 +185,23 @@ def new_step_info(
     return info
 
 
-_current_step: ContextVar[StepInfo | None] = ContextVar("loom_current_step", default=None)
+#: The step running in this task: its StepInfo, or (on the runtime's plain step path) the
+#: arguments of :func:`new_step_info`, built into one only when something asks (most steps never
+#: do, and building it is a tenth of the step's own Python).
+_current_step: ContextVar[StepInfo | tuple[Any, ...] | None] = ContextVar(
+    "loom_current_step", default=None
+)
+
+
+def _step_info_now() -> StepInfo | None:
+    """The running step's StepInfo (built from its arguments the first time it is asked for
+    in this context, and kept there: ctx.run's reset after the step undoes that too)."""
+    info = _current_step.get()
+    if type(info) is tuple:
+        built = new_step_info(*info)
+        _current_step.set(built)
+        return built
+    return info  # type: ignore[return-value]
 
 
 #: The flow context driving this task (set by the runtime around the flow's code), so a step
@@ -195,7 +211,7 @@ _current_flow: ContextVar[Any] = ContextVar("loom_current_flow", default=None)
 
 def current_step() -> StepInfo | None:
     """The step running in this task, or None outside a step."""
-    return _current_step.get()
+    return _step_info_now()
 
 
 #: What pydantic raises (besides its own errors) for values JSON cannot hold: an object of an

@@ -6,6 +6,7 @@ from loom.storage._blobs import AppendsWithBlobs, BlobStore, blob_hash
 from loom.storage._branches import BranchRef, BranchRegistry, check_ref_name
 from loom.storage._open import open_store
 from loom.storage._spi import (
+    AppendsNow,
     EventStore,
     ExecutionIndex,
     ExecutionPage,
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
     from loom.storage.postgres import PostgresStore
 
 __all__ = [
+    "AppendsNow",
     "AppendsWithBlobs",
     "BlobStore",
     "BranchRef",

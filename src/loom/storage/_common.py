@@ -111,7 +111,7 @@ def plain_record(env: Envelope) -> bool:
         and fence >= 1
         and env.type not in SUMMARY_EVENT_TYPES
         and bool(env.payload_json)
-        and env.envelope_id == f"{execution_id}#{sequence}.{fence}"
+        and (env.id_derived or env.envelope_id == f"{execution_id}#{sequence}.{fence}")
         and math.isfinite(env.recorded_at)
     )
 

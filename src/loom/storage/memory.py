@@ -104,9 +104,20 @@ class InMemoryStore:
             raise StorageWriteError("the store is closed")
 
     async def append(self, envelopes: Sequence[Envelope]) -> None:
-        execution_id, first, fence = batch_head(envelopes)
+        batch_head(envelopes)  # refused before the turn, as before
         if self._loop_share.due():  # it awaits nothing else: see LoopShare
             await self._loop_share.turn()
+        self._append_here(envelopes)
+
+    def append_now(self, envelope: Envelope) -> bool:
+        """See :class:`loom.storage.AppendsNow` (False only when the loop is due a turn)."""
+        if self._loop_share.due():
+            return False
+        self._append_here([envelope])
+        return True
+
+    def _append_here(self, envelopes: Sequence[Envelope]) -> None:
+        execution_id, first, fence = batch_head(envelopes)
         self._check_open()
         faults.hit("before_append")
         with self._lock:

@@ -31,7 +31,7 @@ import os
 import sqlite3
 import threading
 import weakref
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -566,6 +566,17 @@ class SQLiteStore(SQLiteBranches, SQLiteIndexReads, SQLiteSideTables):
         elif req.error is not None:
             raise req.error
 
+    def append_now(self, envelope: Envelope) -> bool | Awaitable[None]:
+        """See :class:`loom.storage.AppendsNow`: the lone append of :meth:`append`, run in the
+        caller's frame (False when the loop is due a turn, or the record needs the general
+        path)."""
+        if self._loop_share.due():
+            return False
+        lone = self._append_lone(envelope)
+        if lone is True or lone is False:
+            return lone
+        return lone[1].submit(lone[0])  # another process holds the lock: the writer waits
+
     async def append_with_blobs(
         self, envelopes: Sequence[Envelope], blobs: Mapping[str, bytes], *, namespace: str = ""
     ) -> None:
@@ -615,7 +626,8 @@ class SQLiteStore(SQLiteBranches, SQLiteIndexReads, SQLiteSideTables):
                 cur = self._writer_cursor
                 assert cur is not None
             try:
-                faults.hit("before_append")
+                if faults.ARMED:
+                    faults.hit("before_append")
                 # Busy timeout 0 on the writer (see _writer_conn): a lock held by another
                 # process answers SQLITE_BUSY at once instead of blocking the event loop.
                 cur.execute("BEGIN IMMEDIATE")
@@ -680,7 +692,8 @@ class SQLiteStore(SQLiteBranches, SQLiteIndexReads, SQLiteSideTables):
                 if error is not None:
                     cur.execute("ROLLBACK")  # a refusal: nothing of it stays
                     return True
-                faults.hit("before_commit")
+                if faults.ARMED:
+                    faults.hit("before_commit")
             except BaseException as exc:
                 with contextlib.suppress(sqlite3.Error):
                     conn.execute("ROLLBACK")
@@ -701,7 +714,8 @@ class SQLiteStore(SQLiteBranches, SQLiteIndexReads, SQLiteSideTables):
                 tails.clear()
             tails[execution_id] = (fence, sequence, env.type)
             try:
-                faults.hit("after_append_before_ack")
+                if faults.ARMED:
+                    faults.hit("after_append_before_ack")
             except BaseException as exc:
                 error = self._unacknowledged(exc)
                 return True
