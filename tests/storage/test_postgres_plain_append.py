@@ -17,6 +17,7 @@ from loom.errors import DuplicateEnvelopeIdError, LoomError, StorageWriteError
 from loom.model import Envelope, EventType, StepCompleted
 from loom.storage._common import plain_record
 from loom.storage._postgres_commit import PostgresWrite
+from loom.storage._postgres_lean import PlainAppend, lean_values
 from loom.storage.postgres import PostgresStore
 
 DSN = "postgresql://nobody@127.0.0.1:1/never"  # never connected to
@@ -45,7 +46,8 @@ def _step(eid: str, seq: int, output: Any, *, fence: int = 3) -> Envelope:
 
 
 def _fields(req: PostgresWrite) -> dict[str, Any]:
-    return {f.name: getattr(req, f.name) for f in dataclasses.fields(req) if f.name != "future"}
+    skip = ("future", "lean")  # lean: the plain path's values encoded up front (checked below)
+    return {f.name: getattr(req, f.name) for f in dataclasses.fields(req) if f.name not in skip}
 
 
 async def _both(env: Envelope, **kwargs: Any) -> tuple[_Captured, _Captured]:
@@ -76,6 +78,11 @@ async def test_the_plain_append_asks_for_what_the_general_path_asks_for(
     plain, general = await _both(env, notify=notify)
     assert plain.plain == 1
     assert [_fields(r) for r in plain.sent] == [_fields(r) for r in general.sent]
+    # Its values, encoded straight from the record, are the bytes and types the generic lean
+    # encoding makes of the general path's parameters.
+    (req,) = plain.sent
+    assert req.lean is not None
+    assert req.lean == lean_values(general.sent[0].sql, general.sent[0].params)
 
 
 async def test_records_that_are_not_plain_take_the_general_path() -> None:
@@ -132,3 +139,9 @@ async def test_a_read_only_store_refuses_a_plain_append() -> None:
     with pytest.raises(StorageWriteError, match="read-only"):
         await store.append([_step("e", 1, None)])
     assert store.sent == []
+
+
+def test_plain_append_encoding_is_refused_for_another_statement() -> None:
+    store = PostgresStore(DSN)
+    with pytest.raises(ValueError, match="not the plain append"):
+        PlainAppend(store._sql.events("append", one=False), "channel")

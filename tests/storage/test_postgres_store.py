@@ -6,6 +6,7 @@ import asyncio
 from typing import Any
 
 import psycopg
+from psycopg import pq
 import pytest
 
 from loom import faults
@@ -444,19 +445,19 @@ async def test_a_lone_write_whose_answer_is_lost_is_recognised_though_records_fo
     await store.append([env("landed", 0, fence)])
     await store.append([env("landed", 1, fence)])  # the lean path's statement is prepared
     racer = await PostgresStore.open(pg_dsn, schema=schema)  # another process's store
-    run = _postgres_lean.LeanStatements._run
+    answer = _postgres_lean.LeanStatements._answer
 
-    async def commit_then_lose(self: Any, name: bytes, values: Any) -> Any:
-        result = await run(self, name, values)
-        if self.conn is not store._writer._held:
-            return result  # the racer's own writes
+    async def commit_then_lose(self: Any, expected: Any) -> Any:
+        result = await answer(self, expected)
+        if self.conn is not store._writer._held or expected != pq.ExecStatus.TUPLES_OK:
+            return result  # the racer's own writes, or a statement being prepared
         taker = await racer.acquire_fence("landed")
         await racer.append([env("landed", 3, taker)])
         await self.conn.close()
         raise psycopg.OperationalError("the answer was lost")
 
     try:
-        monkeypatch.setattr(_postgres_lean.LeanStatements, "_run", commit_then_lose)
+        monkeypatch.setattr(_postgres_lean.LeanStatements, "_answer", commit_then_lose)
         await store.append([env("landed", 2, fence)])  # acknowledged: it is durable
         monkeypatch.undo()
     finally:

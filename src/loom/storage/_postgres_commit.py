@@ -74,6 +74,9 @@ class PostgresWrite(WriteRequest):
     #: A take_over_many's (execution id, first sequence, ids as stored, checksums) of each
     #: take-over: proves which of them landed.
     probe_many: Sequence[tuple[str, int, Sequence[str], Sequence[str]]] | None = None
+    #: The statement's lean values, encoded up front (see PlainAppend); None: encoded from
+    #: ``params`` if the write goes out alone on the held connection.
+    lean: tuple[bytes, list[bytes | None], tuple[int, ...]] | None = None
 
 
 def _lost(conn: Conn) -> bool:
@@ -175,8 +178,9 @@ class PostgresWriter:
             batch.sort(key=lambda r: (r.execution_id, r.kind == "timer"))
         try:
             try:
-                faults.hit("before_append")
-                conn, held = await self._acquire()
+                if faults.ARMED:
+                    faults.hit("before_append")
+                conn, held = self._take_held() or await self._acquire()
                 failed = True
                 try:
                     if len(batch) == 1:
@@ -187,13 +191,14 @@ class PostgresWriter:
                         committed = await self._run_many(conn, batch)
                     failed = False
                 finally:
-                    await self._release(conn, held, failed)
+                    if not (held and self._keep_held(conn, failed)):
+                        await self._release(conn, held, failed)
             except Exception as exc:
                 # Nothing of this batch was committed (commit failures are resolved inside).
                 self.check_pool()
                 self._fail_all(batch, self._write_error("the write transaction failed", exc))
                 return
-            if committed:
+            if committed and faults.ARMED:
                 try:
                     faults.hit("after_append_before_ack")
                 except Exception as exc:
@@ -234,6 +239,29 @@ class PostgresWriter:
                 self._held_until = time.monotonic() + pool.max_lifetime
             return self._held, True
         return await pool.getconn(), False
+
+    def _take_held(self) -> tuple[Conn, bool] | None:
+        """The held connection, taken for one batch, if there is one and it is free (what
+        :meth:`_acquire` does first, without its coroutine); None: ask ``_acquire``."""
+        held = self._held
+        if held is None or self._held_busy or self._pool() is None:
+            return None
+        self._held_busy = True
+        return held, True
+
+    def _keep_held(self, conn: Conn, failed: bool) -> bool:
+        """Give the held connection back for the next batch if all went well and it is within
+        the pool's lifetime (what :meth:`_release` does then, without its coroutine); False:
+        nothing was done, ``_release`` decides."""
+        if (
+            failed
+            or conn.pgconn.transaction_status != TransactionStatus.IDLE
+            or self._closed()
+            or time.monotonic() >= self._held_until
+        ):
+            return False
+        self._held_busy = False
+        return True
 
     async def _release(self, conn: Conn, held: bool, failed: bool) -> None:
         """Keep the held connection for the next batch if all went well (and it is within the
@@ -283,10 +311,12 @@ class PostgresWriter:
         # A lone write is one autocommit statement: the statement and its COMMIT are one round
         # trip, so ``before_commit`` is crossed just before it (a crash there, as at any point
         # before COMMIT, leaves nothing written).
-        faults.hit("before_commit")
+        if faults.ARMED:
+            faults.hit("before_commit")
         # take_over_many's parameters are scalars too (JSON texts), but it answers with an array.
-        lone = lean is not None and req.kind != "take_over_many"
-        encoded = lean_values(req.sql, req.params) if lone else None
+        encoded = None
+        if lean is not None and req.kind != "take_over_many":
+            encoded = req.lean or lean_values(req.sql, req.params)
         row: tuple[Any, ...] | None
         try:
             if encoded is not None:

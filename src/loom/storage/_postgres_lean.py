@@ -43,9 +43,9 @@ import psycopg.errors
 from psycopg import pq
 
 from loom._aio import LoopShare
-from loom.storage._postgres_sql import Conn
+from loom.storage._postgres_sql import MAX_NOTE_BYTES, Conn
 
-__all__ = ["LONE_WAIT", "LeanStatements", "forget_prepared", "lean_values"]
+__all__ = ["LONE_WAIT", "LeanStatements", "PlainAppend", "forget_prepared", "lean_values"]
 
 #: Seconds a lone write may wait for its answer without yielding the event loop (see above).
 LONE_WAIT = 0.002
@@ -191,6 +191,69 @@ def lean_values(
     return text, values, types
 
 
+#: The parameters of the plain append statement (``Statements.events("append", one=True)``)
+#: in ``$n`` order, with notify and without: what :class:`PlainAppend` encodes directly.
+_PLAIN_NAMES = ("end", "ends", "eid", "fence", "first", "id", "type", "payload", "at", "sum")
+_PLAIN_TYPES = (_INT8, _BOOL, _TEXT, _INT8, _INT8, _TEXT, _TEXT, _TEXT, _FLOAT8, _TEXT)
+_pack_float = struct.Struct(">d").pack
+_format_int = b"%d".__mod__
+
+
+class PlainAppend:
+    """The lean values of one statement, the plain append (one step's record: what one
+    execution stepping writes every time), encoded straight from the record's parts instead of
+    through a dict of parameters and :func:`lean_values`' generic plan (a fifth of the append's
+    client CPU). The same bytes and types as ``lean_values(sql, params)``.
+    """
+
+    __slots__ = ("_channel", "_text", "_types")
+
+    def __init__(self, sql: str, channel: str) -> None:
+        text, names = _convert(sql)
+        notify = names == (*_PLAIN_NAMES, "channel", "note")
+        if not notify and names != _PLAIN_NAMES:
+            raise ValueError(f"not the plain append statement: its parameters are {names}")
+        self._text = text
+        self._types = (*_PLAIN_TYPES, _TEXT, _TEXT) if notify else _PLAIN_TYPES
+        self._channel = channel.encode() if notify else None
+
+    def values(
+        self,
+        execution_id: str,
+        sequence: int,
+        fence: int,
+        ends: bool,
+        type: str,
+        payload: str,
+        recorded_at: float,
+        checksum: str,
+    ) -> tuple[bytes, list[bytes | None], tuple[int, ...]] | None:
+        """(the ``$n`` statement, its encoded values, their types), as :func:`lean_values`
+        encodes the store's parameters (the note: the execution id, if it fits one); None for
+        text holding a NUL, as there (the store refuses one before, this is the last guard)."""
+        eid = execution_id.encode()
+        kind = type.encode()
+        text = payload.encode()
+        if b"\0" in eid or b"\0" in kind or b"\0" in text:
+            return None
+        values: list[bytes | None] = [
+            _format_int(sequence + 1),
+            b"t" if ends else b"f",
+            eid,
+            _format_int(fence),
+            _format_int(sequence),
+            b"",  # the derived id, stored empty (schema rung 10)
+            kind,
+            text,
+            _pack_float(recorded_at),
+            checksum.encode(),
+        ]
+        if self._channel is not None:
+            values.append(self._channel)
+            values.append(eid if len(eid) <= MAX_NOTE_BYTES else b"")
+        return self._text, values, self._types
+
+
 def _picker(names: tuple[str, ...]) -> Callable[[Mapping[str, Any]], Sequence[Any]]:
     pick = operator.itemgetter(*names)
     if len(names) == 1:
@@ -262,9 +325,13 @@ class LeanStatements:
             # its end in one go). One pass per write cost ~15 µs a step, a tenth of a commit.
             # Nothing is sent yet: a cancellation here writes nothing.
             await self.loop_share.turn()
-        prepared = await self._prepared(text, types)
+        prepared = self._names.get((text, types))
+        if prepared is None:
+            prepared = await self._prepared(text, types)
         try:
-            result = await self._run(prepared, values)
+            name, formats = prepared
+            self.conn.pgconn.send_query_prepared(name, values, formats)
+            result = await self._answer(pq.ExecStatus.TUPLES_OK)
         except psycopg.errors.InvalidSqlStatementName:
             # Dropped behind our back since we prepared it; the statement never ran.
             self._names.clear()

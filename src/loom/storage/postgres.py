@@ -94,7 +94,7 @@ from loom.storage._index import (
 from loom.storage._loads import add_beyond, assemble, chunks, postgres_load_many
 from loom.storage._postgres_branches import PostgresBranches
 from loom.storage._postgres_commit import PostgresWrite, PostgresWriter, WriteKind
-from loom.storage._postgres_lean import forget_prepared
+from loom.storage._postgres_lean import PlainAppend, forget_prepared
 from loom.storage._postgres_listen import NotifyListener
 from loom.storage._postgres_sql import (
     MAX_NOTE_BYTES,
@@ -232,6 +232,7 @@ class PostgresStore(PostgresBranches):
         self.read_only = read_only
         self._sql = statements(schema, notify=notify)
         self._plain_sql = self._sql.events("append", one=True)
+        self._plain_lean = PlainAppend(self._plain_sql, notify_channel(schema))
         #: Derived ids a log written before schema rung 10 already holds (nearly always none).
         self._reserved: frozenset[str] = frozenset()
         self._load_many_sql = postgres_load_many(f'"{schema}"')
@@ -435,6 +436,7 @@ class PostgresStore(PostgresBranches):
             _storable(kind, "event type")
         first = env.sequence
         checksum = env.checksum()
+        ends = kind in TERMINAL_TYPES
         return PostgresWrite(
             kind="append",
             execution_id=execution_id,
@@ -444,7 +446,7 @@ class PostgresStore(PostgresBranches):
                 "fence": env.fence,
                 "first": first,
                 "end": first + 1,
-                "ends": kind in TERMINAL_TYPES,
+                "ends": ends,
                 "channel": self._channel,
                 "note": execution_id if len(execution_id.encode()) <= MAX_NOTE_BYTES else "",
                 "id": "",  # its derived id, stored empty (schema rung 10)
@@ -457,6 +459,9 @@ class PostgresStore(PostgresBranches):
             fence=env.fence,
             count=1,
             probe=(first, [""], [checksum]),
+            lean=self._plain_lean.values(
+                execution_id, first, env.fence, ends, kind, payload, env.recorded_at, checksum
+            ),
         )
 
     async def take_over(self, envelopes: Sequence[Envelope], *, from_fence: int) -> None:
