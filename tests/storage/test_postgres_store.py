@@ -6,8 +6,8 @@ import asyncio
 from typing import Any
 
 import psycopg
-from psycopg import pq
 import pytest
+from psycopg import pq
 
 from loom import faults
 from loom.errors import (
