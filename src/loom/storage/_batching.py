@@ -103,6 +103,23 @@ class GroupCommit(Generic[R]):
             and not (self.coalesce and _others_ready())
         )
 
+    def idle(self) -> bool:
+        """Whether nothing is being written, queued or ready to run on the loop: a write now is
+        a lone write (what :meth:`submit` checks first), which a store may run itself between
+        :meth:`lone_begins` and :meth:`lone_ends`."""
+        return not self._inflight and not self._pending and not (self.coalesce and _others_ready())
+
+    def lone_begins(self) -> None:
+        """A lone write of the store's own is under way: writers arriving meanwhile queue
+        behind it, as behind :meth:`submit`'s lone writer."""
+        self._inflight += 1
+
+    def lone_ends(self) -> None:
+        """That write is over: whatever queued behind it is started as a batch."""
+        self._inflight -= 1
+        if self._pending:
+            self._maybe_start_batch_task()
+
     def commit_alone(self, req: R) -> bool:
         """Commit ``req`` now, in the caller's own frame, if it is a lone write (as in
         :meth:`submit`) and the store's ``run_now`` can commit it without waiting; then

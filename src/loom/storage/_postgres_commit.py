@@ -216,6 +216,79 @@ class PostgresWriter:
             if notify:
                 self._waiters.notify(notify)
 
+    async def append_alone(
+        self,
+        execution_id: str,
+        lean: tuple[bytes, list[bytes | None], tuple[int, ...]],
+        request: Callable[[], PostgresWrite],
+    ) -> bool:
+        """Commit one plain record (``lean``: its statement's values) on the held connection
+        when nothing else is being written: what ``submit``, :meth:`_run_batch` and
+        :meth:`_run_single` do for it, with the same statement, fault points, refusals and
+        errors, without the request, the batch and their coroutines (a sixth of a step's
+        client CPU). ``request`` builds the request only when something other than a commit
+        comes of it (a refusal, a failure, a lost answer), for the general path's handling.
+
+        True: committed (or refused: raised). False: not alone, or the held connection is not
+        free: nothing was done, not even a fault point crossed.
+        """
+        engine = self.engine
+        if not engine.idle():
+            return False
+        taken = self._take_held()
+        if taken is None:
+            return False
+        conn = taken[0]
+        statements = self._held_lean
+        assert statements is not None  # held with it (see _acquire)
+        engine.lone_begins()
+        req: PostgresWrite | None = None
+        try:
+            failed = True
+            try:
+                try:
+                    if faults.ARMED:
+                        faults.hit("before_append")
+                        faults.hit("before_commit")  # one autocommit statement: see _run_single
+                    row = await statements.execute(*lean)
+                except psycopg.Error as exc:
+                    req = request()
+                    if _lost(conn):
+                        committed = await self._resolve([req], exc)
+                    else:
+                        req.error = self._statement_error(req, exc)
+                        committed = False
+                else:
+                    committed = row is not None and row[0] == 1  # the head moved: written
+                    if not committed:
+                        req = request()
+                        if self._settle(req, row):
+                            await self._reread_head(conn, req)
+                        committed = req.error is None
+                failed = False
+            finally:
+                if not self._keep_held(conn, failed):
+                    await self._release(conn, True, failed)
+        except Exception as exc:
+            # Nothing was committed (a lost commit is resolved above), as in _run_batch.
+            self.check_pool()
+            raise self._write_error("the write transaction failed", exc) from exc
+        finally:
+            # An interruption (a cancel) goes to the caller as it is, as from _run_batch.
+            engine.lone_ends()
+        if committed and faults.ARMED:
+            try:
+                faults.hit("after_append_before_ack")
+            except Exception as exc:
+                raise self._write_error(
+                    "committed, but the acknowledgement was lost", exc, outcome="committed"
+                ) from exc
+        if req is not None and req.error is not None:
+            raise req.error
+        if self._waiters._by_execution:
+            self._waiters.notify([execution_id])
+        return True
+
     async def _acquire(self) -> tuple[Conn, bool]:
         """A connection for one batch, and whether it is the writer's held one.
 

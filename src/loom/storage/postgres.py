@@ -416,16 +416,27 @@ class PostgresStore(PostgresBranches):
     async def append(self, envelopes: Sequence[Envelope]) -> None:
         """See :meth:`loom.storage.EventStore.append`."""
         if len(envelopes) == 1 and not self._reserved and plain_record(envelopes[0]):
-            await self._submit(self._plain_append(envelopes[0]))
+            env = envelopes[0]
+            lean = self._plain_values(env)  # checked (and refused) before anything is sent
+            if (
+                lean is not None
+                and self._pool is not None
+                and asyncio.get_running_loop() is self._loop
+                and await self._writer.append_alone(
+                    env.execution_id, lean, lambda: self._plain_append(env, lean)
+                )
+            ):
+                return
+            await self._submit(self._plain_append(env, lean))
             return
         _, first, fence = batch_head(envelopes)
         await self._write_events("append", envelopes, first, fence)
 
-    def _plain_append(self, env: Envelope) -> PostgresWrite:
-        """The write of one plain record (see ``plain_record``: a step's, say), as
-        :meth:`_write_events` builds it, without the cases a plain record cannot have (an id
-        of its own, several rows, an index row, blobs, reserved ids): what one execution
-        stepping pays on every step."""
+    def _plain_values(
+        self, env: Envelope
+    ) -> tuple[bytes, list[bytes | None], tuple[int, ...]] | None:
+        """The checks of one plain record's write (see :meth:`_plain_append`), then its
+        statement's lean values (None: a text holds a NUL, for psycopg to refuse)."""
         self._writable()
         execution_id = env.execution_id
         _storable(execution_id, "execution id")  # its derived envelope id holds nothing else
@@ -434,6 +445,28 @@ class PostgresStore(PostgresBranches):
         kind = env.type
         if type(kind) is not EventType:  # an extension's name: any text
             _storable(kind, "event type")
+        return self._plain_lean.values(
+            execution_id,
+            env.sequence,
+            env.fence,
+            kind in TERMINAL_TYPES,
+            kind,
+            payload,
+            env.recorded_at,
+            env.checksum(),
+        )
+
+    def _plain_append(
+        self, env: Envelope, lean: tuple[bytes, list[bytes | None], tuple[int, ...]] | None
+    ) -> PostgresWrite:
+        """The write of one plain record (see ``plain_record``: a step's, say), as
+        :meth:`_write_events` builds it, without the cases a plain record cannot have (an id
+        of its own, several rows, an index row, blobs, reserved ids): what one execution
+        stepping pays on every step. ``lean``: what :meth:`_plain_values` made of it (which
+        checked it)."""
+        execution_id = env.execution_id
+        payload = env.payload_json
+        kind = env.type
         first = env.sequence
         checksum = env.checksum()
         ends = kind in TERMINAL_TYPES
@@ -459,9 +492,7 @@ class PostgresStore(PostgresBranches):
             fence=env.fence,
             count=1,
             probe=(first, [""], [checksum]),
-            lean=self._plain_lean.values(
-                execution_id, first, env.fence, ends, kind, payload, env.recorded_at, checksum
-            ),
+            lean=lean,
         )
 
     async def take_over(self, envelopes: Sequence[Envelope], *, from_fence: int) -> None:
