@@ -191,7 +191,9 @@ async def test_a_sleep_recorded_before_the_refusal_still_replays(backend: Backen
     naive datetime, so an execution in flight across the upgrade is not stranded."""
     runtime = loom.WorkflowRuntime(store=backend.store())
     runtime.register(sleep_at)
-    soon = datetime.now(UTC) + timedelta(seconds=0.3)
+    # Far enough ahead that the execution is seen suspended first on a loaded machine (0.3 s
+    # was once not, with the whole suite and a benchmark running beside it).
+    soon = datetime.now(UTC) + timedelta(seconds=1.5)
     _SLEEP_AT["replayed"] = soon
     try:
         handle = await runtime.start("sleep-at", "replayed", execution_id="replayed")

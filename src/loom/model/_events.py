@@ -195,8 +195,12 @@ class Envelope:
         _set_fence(env, fence)
         _set_payload_json(env, text)
         _set_typed(env, event)
+        # The type as plain text: formatting an enum member costs a Python-level __format__.
         _set_checksum(
-            env, envelope_checksum(eid, execution_id, sequence, kind, text, recorded_at, fence)
+            env,
+            envelope_checksum(
+                eid, execution_id, sequence, _TYPE_TEXT.get(kind, kind), text, recorded_at, fence
+            ),
         )
         if derived:
             _set_id_derived(env, True)
@@ -276,6 +280,8 @@ _new_object = object.__new__
     _set_id_derived,
 ) = (getattr(Envelope, f.name).__set__ for f in fields(Envelope))
 
+#: Each built-in type's name as a plain str (what formatting or str() of the member gives).
+_TYPE_TEXT: dict[str, str] = {member: member.value for member in EventType}
 _encode_str = json.encoder.encode_basestring
 #: Step ids as JSON strings (a flow has a handful of step ids; bounded all the same).
 _STEP_IDS: dict[str, str] = {}
