@@ -302,7 +302,7 @@ def _step_completed_json(e: StepCompleted, limits: PayloadLimits) -> str | None:
     elif kind is str:
         output = _encode_str(out)
     elif kind is int:
-        output = int.__repr__(out)
+        output = repr(out)  # exactly an int: repr() without the slot wrapper's call
     elif kind is bool:
         output = "true" if out else "false"
     else:
@@ -310,7 +310,7 @@ def _step_completed_json(e: StepCompleted, limits: PayloadLimits) -> str | None:
     if started is None:
         at = "null"
     elif type(started) is float and math.isfinite(started):
-        at = float.__repr__(started)
+        at = repr(started)
     else:
         return None
     sid = _STEP_IDS.get(e.step_id)
