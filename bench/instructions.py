@@ -52,7 +52,7 @@ PG_DSN = os.environ.get("BENCH_PG_DSN", "postgresql://postgres@127.0.0.1:5432/te
 ROWS = ("floor", "statements", "ideal", "sqlite", "postgres")
 #: (short run, long run) in steps: the figure is their difference over the steps between.
 LENGTHS = {"floor": (500, 2500), "statements": (500, 2500), "ideal": (500, 2500)}
-FLOW_STEPS = (100, 300)  # steps per flow, 4 flows each (after 2 warm-up flows)
+FLOW_STEPS = (100, 300)  # steps per flow, 6 flows a run
 _CHECKSUM = hashlib.blake2b(digest_size=12)
 _PAYLOAD = '{"position":12,"step_id":"inc","attempt":1,"output":13,"started_at":1796609443.643}'
 
@@ -133,16 +133,7 @@ def _flows(row: str, steps: int) -> None:
 
     loom._aio.SHARE_LOOP_EVERY = 1e9  # see the module doc
 
-    @loom.step(id="inc")
-    async def inc(x: int) -> int:
-        return x + 1
-
-    @loom.flow(id="bench-seq", version="1")
-    async def seq_flow(ctx: loom.WorkflowContext, n: int) -> int:
-        x = 0
-        for _ in range(n):
-            x = await ctx.run(inc, x)
-        return x
+    from bench.peers.systems.loom_system import seq_flow  # the flow bench.peers times
 
     async def run() -> None:
         workdir = tempfile.mkdtemp(prefix="loom-instr-")
@@ -158,7 +149,7 @@ def _flows(row: str, steps: int) -> None:
         runtime = loom.WorkflowRuntime(store)
         runtime.register(seq_flow)
         try:
-            for i in range(6):  # 2 warm-up flows, then the 4 counted ones
+            for i in range(6):  # all counted: the runs differ only in their flows' length
                 assert await (await runtime.start(seq_flow, steps, execution_id=f"f{i}")).result()
         finally:
             await runtime.close()
@@ -209,14 +200,9 @@ def _per_step(row: str, src: str | None) -> float:
 
 
 def _pg_reason() -> str | None:
-    try:
-        import psycopg
+    from bench.hot_path import _pg_reason as reason  # the same server check, at BENCH_PG_DSN
 
-        with psycopg.connect(PG_DSN, connect_timeout=3) as conn:
-            conn.execute("SELECT 1")
-    except Exception as exc:
-        return f"{type(exc).__name__}: {exc}".splitlines()[0]
-    return None
+    return reason()
 
 
 def main() -> int:

@@ -5,8 +5,6 @@ overrides ``append`` still sees every write, and a holder fenced out meanwhile i
 from __future__ import annotations
 
 import asyncio
-import sqlite3
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +15,7 @@ from loom.errors import LoomError, StaleFenceError
 from loom.model import EventType
 from loom.storage import AppendsNow
 from tests.support.poll import until
+from tests.support.sqlite_lock import write_lock_held
 
 
 @loom.step(id="inc")
@@ -128,27 +127,11 @@ async def test_a_step_waits_for_another_process_lock_then_commits(tmp_path: Path
     rt = loom.WorkflowRuntime(store)
     handle = await rt.start(two_effects, execution_id="e3")
     await until(lambda: effects == [1], "the first effect to start")
-    locked, release = threading.Event(), threading.Event()
-
-    def hold_the_lock() -> None:
-        other = sqlite3.connect(db, isolation_level=None)
-        other.execute("BEGIN IMMEDIATE")
-        locked.set()
-        release.wait(30)
-        other.execute("ROLLBACK")
-        other.close()
-
-    holder = threading.Thread(target=hold_the_lock)
-    holder.start()
-    try:
-        assert await asyncio.to_thread(locked.wait, 10)
+    async with write_lock_held(db):
         _never_due(store)
         gate.set()  # the first step returns: its record finds the lock held
         await until(lambda: "awaitable" in spy.answers, "the record to wait for the lock")
         assert effects == [1]  # the next effect waits for the record to be durable
-    finally:
-        release.set()
-        await asyncio.to_thread(holder.join, 10)
     assert await handle.result(timeout=20) == "ran on"
     assert effects == [1, 2]
     events = await store.read("e3")

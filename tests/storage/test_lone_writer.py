@@ -5,8 +5,6 @@ together still share commits, including those arriving while a lone write waits 
 from __future__ import annotations
 
 import asyncio
-import sqlite3
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +16,7 @@ from loom.model import Envelope, EventType
 from loom.storage import SQLiteStore
 from loom.storage._batching import GroupCommit, WriteRequest
 from tests.support.poll import until
+from tests.support.sqlite_lock import write_lock_held
 
 
 def _env(eid: str, seq: int, fence: int, kind: str | None = None) -> Envelope:
@@ -139,20 +138,7 @@ async def test_writers_arriving_while_a_lone_write_waits_commit_together_after_i
     store = SQLiteStore(db)
     fences = {e: await store.acquire_fence(e) for e in ("a", "b", "c", "d")}
     seen = _Batches(store)
-    locked, release = threading.Event(), threading.Event()
-
-    def hold_the_lock() -> None:
-        other = sqlite3.connect(db, isolation_level=None)
-        other.execute("BEGIN IMMEDIATE")
-        locked.set()
-        release.wait(30)
-        other.execute("ROLLBACK")
-        other.close()
-
-    holder = threading.Thread(target=hold_the_lock)
-    holder.start()
-    try:
-        assert await asyncio.to_thread(locked.wait, 10)
+    async with write_lock_held(db):
         # Alone on an idle engine, "a" finds the lock busy and waits for it on the writer
         # thread; the others arrive meanwhile and queue behind it.
         lone = asyncio.ensure_future(store.append([_env("a", 0, fences["a"])]))
@@ -161,9 +147,6 @@ async def test_writers_arriving_while_a_lone_write_waits_commit_together_after_i
             asyncio.ensure_future(store.append([_env(e, 0, fences[e])])) for e in ("b", "c", "d")
         ]
         await until(lambda: len(seen.sizes) == 1 and all(not o.done() for o in others), "queue")
-    finally:
-        release.set()
-        await asyncio.to_thread(holder.join, 10)
     await asyncio.wait_for(asyncio.gather(lone, *others), 20)
     # The lone write (tried in its caller's frame, then on the thread), then one batch of
     # everything that queued behind it.

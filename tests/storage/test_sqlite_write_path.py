@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import sqlite3
-import threading
 from pathlib import Path
 
 from loom.model import Envelope, EventType
 from loom.storage import SQLiteStore
 from tests.support.poll import until
+from tests.support.sqlite_lock import write_lock_held
 
 
 def _env(eid: str, seq: int, fence: int) -> Envelope:
@@ -51,28 +50,12 @@ async def test_an_append_behind_another_connections_write_lock_waits_and_commits
     store = SQLiteStore(db)
     fence = await store.acquire_fence("e")
     await store.append([_env("e", 0, fence)])
-    locked, release = threading.Event(), threading.Event()
-
-    def hold_the_lock() -> None:
-        other = sqlite3.connect(db, isolation_level=None)
-        other.execute("BEGIN IMMEDIATE")
-        locked.set()
-        release.wait(30)
-        other.execute("ROLLBACK")
-        other.close()
-
-    holder = threading.Thread(target=hold_the_lock)
-    holder.start()
-    try:
-        assert await asyncio.to_thread(locked.wait, 10)
+    async with write_lock_held(db):
         append = asyncio.ensure_future(store.append([_env("e", 1, fence)]))
         # The loop's attempt found the lock busy at once (busy timeout 0 on the writer), so the
         # batch went to the writer thread, which waits for the lock (busy timeout raised).
         await until(lambda: store._thread is not None, "the writer thread to take the batch")
         assert not append.done()
-    finally:
-        release.set()
-        await asyncio.to_thread(holder.join, 10)
     await asyncio.wait_for(append, 20)
     assert await store.last_sequence("e") == 1
     # The writer connection is back to not waiting: the next append commits on the loop.

@@ -502,29 +502,20 @@ class WorkflowContext:
             if step.record_start:
                 await driver.append([StepStarted(pos, step.id, attempt)])
             chain = driver.intercept or step._chain
+            step_args = (
+                driver.state.execution_id,
+                pos,
+                attempt,
+                step.id,
+                driver.fence,
+                driver.resources,
+                simulation,
+            )
             if chain is None:
                 # Its StepInfo is built only if the step asks for it (see _step_info_now).
-                token = _current_step.set(
-                    (
-                        driver.state.execution_id,
-                        pos,
-                        attempt,
-                        step.id,
-                        driver.fence,
-                        driver.resources,
-                        simulation,
-                    )
-                )
+                token = _current_step.set(step_args)
             else:
-                info = new_step_info(
-                    driver.state.execution_id,
-                    pos,
-                    attempt,
-                    step.id,
-                    driver.fence,
-                    driver.resources,
-                    simulation,
-                )
+                info = new_step_info(*step_args)
                 token = _current_step.set(info)
             try:
                 if faults.ARMED:  # (the call is the whole cost of an unarmed point)

@@ -11,7 +11,7 @@ import logging
 import operator
 import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 from loom.errors import (
     ConfigurationError,
@@ -319,14 +319,8 @@ class Driver:
         )
         try:
             done = store_now(env)
-        except StaleFenceError as exc:
-            if exc.execution_id == state.execution_id:
-                self.fenced_out = exc
-            raise
-        except LoomError:
-            raise
         except Exception as exc:
-            raise _storage_failure(state.execution_id, exc) from exc
+            self._write_failed(exc)
         if done is False:
             return self._append([event])  # nothing was done: the general path
         if done is not True:
@@ -336,6 +330,16 @@ class Driver:
             return self.try_snapshot()
         return None
 
+    def _write_failed(self, exc: Exception) -> NoReturn:
+        """Raise what a failed write of this driver's means: a refusal of its fence fences it
+        out for good (every later write and effect stops on it), a Loom error goes as it is,
+        anything else is a storage failure (the execution stays resumable)."""
+        if isinstance(exc, StaleFenceError) and exc.execution_id == self.state.execution_id:
+            self.fenced_out = exc
+        if isinstance(exc, LoomError):
+            raise exc
+        raise _storage_failure(self.state.execution_id, exc) from exc
+
     async def _append_under_way(self, env: Envelope, write: Awaitable[None]) -> None:
         """The rest of :meth:`append_now` when the store's write had to wait: awaited with the
         append lock held (nothing of this driver ran since the write began), then folded."""
@@ -344,14 +348,8 @@ class Driver:
         try:
             try:
                 await write
-            except StaleFenceError as exc:
-                if exc.execution_id == self.state.execution_id:
-                    self.fenced_out = exc
-                raise
-            except LoomError:
-                raise
             except Exception as exc:
-                raise _storage_failure(self.state.execution_id, exc) from exc
+                self._write_failed(exc)
             apply_event(self.state, env)
             if self.state.last_sequence - self.last_snapshot >= self.snapshot_every:
                 await self.try_snapshot()
@@ -393,14 +391,8 @@ class Driver:
                 envelopes = self.build(events)
                 try:
                     await self.store.append(envelopes)
-                except StaleFenceError as exc:
-                    if exc.execution_id == state.execution_id:
-                        self.fenced_out = exc
-                    raise
-                except LoomError:
-                    raise
                 except Exception as exc:
-                    raise _storage_failure(state.execution_id, exc) from exc
+                    self._write_failed(exc)
             for env in envelopes:
                 apply_event(state, env)
             if state.last_sequence - self.last_snapshot >= self.snapshot_every:
