@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import sqlite3
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -337,3 +338,53 @@ def test_the_shapes_include_plain_and_refused_records() -> None:
         except (ValueError, LoomError):
             refused += 1
     assert refused >= 8
+
+
+def test_each_loops_lone_appends_use_that_loops_engine(tmp_path: Path) -> None:
+    """The lone append finds its loop's engine without asking for the running loop (see
+    SQLiteStore._append_lone): with two loops in two threads writing in turns, every write
+    still asks its own loop's engine, never the other loop's (which the last write made hot)."""
+    store = SQLiteStore(tmp_path / "loops.db")
+    asked: list[bool] = []
+    alone = sqlite_store.GroupCommit.alone
+
+    def checked(engine: Any, loop: Any = None) -> bool:
+        running = asyncio.get_running_loop()
+        asked.append(engine is store._engines.get(running) and loop is running)
+        return alone(engine, loop)
+
+    turns = [threading.Event(), threading.Event()]
+    errors: list[BaseException] = []
+
+    def writer(me: int, eid: str) -> None:
+        async def go() -> None:
+            fence = await store.acquire_fence(eid)
+            await store.append([_start(eid, fence)])
+            for seq in range(1, 6):
+                assert turns[me].wait(10)
+                turns[me].clear()
+                await store.append([_step(eid, seq, fence)])
+                turns[1 - me].set()
+
+        try:
+            asyncio.run(go())
+        except BaseException as exc:  # reported by the test thread
+            errors.append(exc)
+            turns[1 - me].set()
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(sqlite_store.GroupCommit, "alone", checked)
+        threads = [threading.Thread(target=writer, args=(i, f"t{i}")) for i in range(2)]
+        for t in threads:
+            t.start()
+        turns[0].set()
+        for t in threads:
+            t.join(30)
+    asyncio.run(store.close())
+    assert not errors, errors
+    assert len(asked) >= 10 and all(asked), asked
+    with sqlite3.connect(tmp_path / "loops.db") as conn:
+        tails = conn.execute(
+            "SELECT execution_id, max(sequence) FROM loom_events GROUP BY execution_id"
+        ).fetchall()
+    assert sorted(tails) == [("t0", 5), ("t1", 5)]

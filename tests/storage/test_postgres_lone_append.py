@@ -76,7 +76,7 @@ async def test_writers_arriving_meanwhile_queue_behind_it_and_share_a_commit(
 
     monkeypatch.setattr(_postgres_lean.LeanStatements, "_answer", held_back)
     # The pool's own start-up callbacks must not make the lone write look accompanied.
-    monkeypatch.setattr(_batching, "_others_ready", lambda: False)
+    monkeypatch.setattr(_batching, "_others_ready", lambda loop=None: False)
     requests = _Requests(store)
     batches.clear()
     lone = asyncio.ensure_future(store.append([env("a", 2, fences["a"])]))

@@ -42,7 +42,7 @@ class WriteRequest:
 R = TypeVar("R", bound=WriteRequest)
 
 
-def _others_ready() -> bool:
+def _others_ready(loop: asyncio.AbstractEventLoop | None = None) -> bool:
     """Whether another callback (another writer's task, say) is ready to run on this loop.
 
     The leader yields once so that writers ready now can join its batch; when nothing else is
@@ -50,7 +50,9 @@ def _others_ready() -> bool:
     it is skipped, saving a loop iteration per write. The ready queue is asyncio's own
     (``BaseEventLoop._ready``); a loop without one (uvloop) always yields.
     """
-    ready = getattr(asyncio.get_running_loop(), "_ready", None)
+    # ``loop``: the running loop when the caller has it at hand (on Python 3.11 every
+    # get_running_loop() is a getpid() system call).
+    ready = getattr(loop or asyncio.get_running_loop(), "_ready", None)
     return ready is None or len(ready) > 0
 
 
@@ -92,7 +94,7 @@ class GroupCommit(Generic[R]):
         self._inflight = 0
         self._tasks: set[asyncio.Task[Any]] = set()
 
-    def alone(self) -> bool:
+    def alone(self, loop: asyncio.AbstractEventLoop | None = None) -> bool:
         """Whether a write now is a lone write (no batch collecting or running, nothing else
         ready to run on the loop) that the store may commit in the caller's frame, as
         :meth:`commit_alone` does; the store must then finish it without awaiting."""
@@ -100,14 +102,16 @@ class GroupCommit(Generic[R]):
             self._run_now is not None
             and not self._inflight
             and not self._pending
-            and not (self.coalesce and _others_ready())
+            and not (self.coalesce and _others_ready(loop))
         )
 
-    def idle(self) -> bool:
+    def idle(self, loop: asyncio.AbstractEventLoop | None = None) -> bool:
         """Whether nothing is being written, queued or ready to run on the loop: a write now is
         a lone write (what :meth:`submit` checks first), which a store may run itself between
         :meth:`lone_begins` and :meth:`lone_ends`."""
-        return not self._inflight and not self._pending and not (self.coalesce and _others_ready())
+        return (
+            not self._inflight and not self._pending and not (self.coalesce and _others_ready(loop))
+        )
 
     def lone_begins(self) -> None:
         """A lone write of the store's own is under way: writers arriving meanwhile queue

@@ -221,6 +221,7 @@ class PostgresWriter:
         execution_id: str,
         lean: tuple[bytes, list[bytes | None], tuple[int, ...]],
         request: Callable[[], PostgresWrite],
+        loop: asyncio.AbstractEventLoop | None = None,
     ) -> bool:
         """Commit one plain record (``lean``: its statement's values) on the held connection
         when nothing else is being written: what ``submit``, :meth:`_run_batch` and
@@ -230,10 +231,11 @@ class PostgresWriter:
         comes of it (a refusal, a failure, a lost answer), for the general path's handling.
 
         True: committed (or refused: raised). False: not alone, or the held connection is not
-        free: nothing was done, not even a fault point crossed.
+        free: nothing was done, not even a fault point crossed. ``loop``: the running loop, if
+        the caller has it at hand.
         """
         engine = self.engine
-        if not engine.idle():
+        if not engine.idle(loop):
             return False
         taken = self._take_held()
         if taken is None:

@@ -423,7 +423,7 @@ class PostgresStore(PostgresBranches):
                 and self._pool is not None
                 and asyncio.get_running_loop() is self._loop
                 and await self._writer.append_alone(
-                    env.execution_id, lean, lambda: self._plain_append(env, lean)
+                    env.execution_id, lean, lambda: self._plain_append(env, lean), self._loop
                 )
             ):
                 return
