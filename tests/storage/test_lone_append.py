@@ -341,9 +341,9 @@ def test_the_shapes_include_plain_and_refused_records() -> None:
 
 
 def test_each_loops_lone_appends_use_that_loops_engine(tmp_path: Path) -> None:
-    """The lone append finds its loop's engine without asking for the running loop (see
-    SQLiteStore._append_lone): with two loops in two threads writing in turns, every write
-    still asks its own loop's engine, never the other loop's (which the last write made hot)."""
+    """The lone append keeps one engine hot (SQLiteStore._hot_engine): with two loops in two
+    threads writing in turns, every write still asks its own loop's engine, never the other
+    loop's (which the last write made hot), and hands it its own loop."""
     store = SQLiteStore(tmp_path / "loops.db")
     asked: list[bool] = []
     alone = sqlite_store.GroupCommit.alone

@@ -186,7 +186,7 @@ class SQLiteStore(SQLiteBranches, SQLiteIndexReads, SQLiteSideTables):
             asyncio.AbstractEventLoop, GroupCommit[_Request]
         ] = weakref.WeakKeyDictionary()
         self._hot_engine: (
-            tuple[weakref.ref[asyncio.AbstractEventLoop], GroupCommit[_Request], int] | None
+            tuple[weakref.ref[asyncio.AbstractEventLoop], GroupCommit[_Request]] | None
         ) = None
         self._thread: concurrent.futures.ThreadPoolExecutor | None = None
         self._thread_pid = 0
@@ -364,7 +364,7 @@ class SQLiteStore(SQLiteBranches, SQLiteIndexReads, SQLiteSideTables):
             )
         # The last loop's engine, found without the weak dictionary's lookup on every write;
         # held weakly like the loop in it, so a closed loop is never kept alive by the store.
-        self._hot_engine = (weakref.ref(loop), engine, _pid)
+        self._hot_engine = (weakref.ref(loop), engine)
         return engine
 
     async def _commit(self, batch: list[_Request]) -> None:
@@ -609,22 +609,9 @@ class SQLiteStore(SQLiteBranches, SQLiteIndexReads, SQLiteSideTables):
         ):
             return False
         execution_id, sequence, fence = env.execution_id, env.sequence, env.fence
-        # The hot engine's loop is the running one if it runs in this thread of this process
-        # (a thread runs one loop at a time; asyncio's loops note their thread while running;
-        # a forked child inherits the note): known without get_running_loop(), which on
-        # Python 3.11 is a getpid() system call every step.
+        loop = asyncio.get_running_loop()
         hot = self._hot_engine
-        loop = hot[0]() if hot is not None else None
-        if (
-            hot is not None
-            and hot[2] == _pid
-            and getattr(loop, "_thread_id", None) == threading.get_ident()
-        ):
-            engine = hot[1]
-        else:
-            loop = asyncio.get_running_loop()
-            engine = self._engine(loop)
-        assert loop is not None
+        engine = hot[1] if hot is not None and hot[0]() is loop else self._engine(loop)
         if not engine.alone(loop):
             return False
         lock = self._writer_lock
