@@ -21,6 +21,12 @@ round), the median round reported:
 * ``events INSERT alone`` / ``heads UPDATE alone``: each half of the append statement as a
   statement of its own (raw, lean, autocommit, on the store's own tables): each alone costs
   what the floor does; it is writing both tables in one transaction that costs more.
+* ``append statement, read fence``: a what-if no store sends: the fence and the tail read, not
+  moved (the head row only read, the tail checked by the previous event's key, a duplicate
+  refused by the events' primary key), as SQLite's rung 5 does. It saves the head's update,
+  but without the head row's lock a waiter's ``watched`` mark (rung 11) can land between the
+  append's snapshot and its commit, and the wake-up is lost; ``FOR SHARE`` keeps the lock and
+  costs what the update does (see issue 13's note).
 * ``store.append``: ``PostgresStore.append([envelope])`` with envelopes built beforehand: the
   statement plus the store and its group-commit engine.
 * ``runtime step``: a flow of ``--steps`` ``ctx.run`` steps (as ``bench.peers``' per-step row),
@@ -77,6 +83,25 @@ WITH moved AS (
         %(fence)s, %(sum)s FROM moved
 )
 SELECT (SELECT count(*) FROM moved), (SELECT count(pg_notify(%(channel)s, %(note)s)) FROM moved)
+"""
+
+# The one-envelope append with the fence read, not moved (what SQLite's rung 5 does): the head
+# row is only read, the tail checked by the previous event's key, a duplicate refused by the
+# events' primary key. A what-if row: no store sends it.
+READ_FENCE_APPEND = """
+WITH h AS (
+    SELECT execution_id, watched FROM {s}.heads
+    WHERE execution_id = %(eid)s AND fence = %(fence)s AND NOT ended
+    AND EXISTS (SELECT 1 FROM {s}.events WHERE execution_id = %(eid)s
+        AND sequence = %(first)s - 1)
+), ins AS (
+    INSERT INTO {s}.events
+        (execution_id, sequence, envelope_id, type, payload, recorded_at, fence, checksum)
+    SELECT h.execution_id, %(first)s, %(id)s, %(type)s, %(payload)s, %(at)s::float8,
+        %(fence)s, %(sum)s FROM h
+)
+SELECT count(*), count(CASE WHEN h.watched OR %(first)s::bigint = 0
+    THEN pg_notify(%(channel)s, %(note)s) END) FROM h
 """
 
 _waits = 0
@@ -366,6 +391,7 @@ async def run(steps: int, rounds: int, only: list[str] | None = None) -> list[Ro
         assert await handle.result() == n
 
     rung_10 = RUNG_10_APPEND.format(s=f'"{schema}"', terminal=TERMINAL_SQL)
+    read_fence = READ_FENCE_APPEND.format(s=f'"{schema}"')
     plain: list[tuple[str, Callable[[int], Awaitable[None]]]] = [
         ("floor (sync, = bench.peers)", floor_sync_body),
         ("floor (async)", floor_async),
@@ -382,6 +408,10 @@ async def run(steps: int, rounds: int, only: list[str] | None = None) -> list[Ro
         (
             "append statement, rung 10",
             stmt_body("append statement, rung 10", sql=rung_10),
+        ),
+        (
+            "append statement, read fence",
+            stmt_body("append statement, read fence", sql=read_fence),
         ),
         ("store.append, notify=on", store_body(True)),
         ("store.append, notify=off", store_body(False)),
