@@ -449,7 +449,7 @@ def ops_to_stored(picked: Iterable[tuple[int, OpRecord]]) -> list[Any]:
     extras: list[list[Any]] = []
     next_pos = last_shape = -1
     for i, (pos, op) in enumerate(picked):
-        key = (str(op.kind), op.name, op.status.value, op.attempts)
+        key = (str(op.kind), op.name, str(op.status), op.attempts)  # (str(): no enum property)
         index = shapes.get(key)
         if index is None:
             index = shapes[key] = len(shapes)
