@@ -27,6 +27,13 @@ round), the median round reported:
   but without the head row's lock a waiter's ``watched`` mark (rung 11) can land between the
   append's snapshot and its commit, and the wake-up is lost; ``FOR SHARE`` keeps the lock and
   costs what the update does (see issue 13's note).
+* ``append, advisory lock``: a what-if no store sends either: a PL/pgSQL function that takes a
+  shared advisory lock on the execution, then (on a snapshot taken after the lock) reads the
+  fence and ``watched``, checks the previous event's key, inserts and notifies if watched. With
+  a waiter's mark and a take-over taking the lock exclusively, no wake-up or fence change could
+  slip between the read and the commit, and no head row would be written per step. Every
+  statement row checks that all its events landed (a refused write commits nothing, and would
+  look cheap).
 * ``store.append``: ``PostgresStore.append([envelope])`` with envelopes built beforehand: the
   statement plus the store and its group-commit engine.
 * ``runtime step``: a flow of ``--steps`` ``ctx.run`` steps (as ``bench.peers``' per-step row),
@@ -103,6 +110,38 @@ WITH h AS (
 SELECT count(*), count(CASE WHEN h.watched OR %(first)s::bigint = 0
     THEN pg_notify(%(channel)s, %(note)s) END) FROM h
 """
+
+# A what-if for a protocol that moves no head row and loses no wake-up: the append takes a
+# shared advisory lock on its execution (lock-manager memory: no heap write, no WAL), a waiter's
+# watched mark and a take-over would take it exclusively, and the statements after the lock run
+# on a snapshot taken after it (a PL/pgSQL function's statements each take their own), so the
+# append sees a mark or a fence that was committed while it waited. No store sends it.
+LOCKED_APPEND_FUNCTION = """
+CREATE FUNCTION {s}.append_locked(p_eid text, p_seq bigint, p_id text, p_type text,
+    p_payload text, p_at float8, p_fence bigint, p_sum text, p_channel text, p_note text)
+RETURNS int LANGUAGE plpgsql AS $$
+DECLARE w boolean;
+BEGIN
+    PERFORM pg_advisory_xact_lock_shared(hashtextextended(p_eid, 0));
+    SELECT watched INTO w FROM {s}.heads
+        WHERE execution_id = p_eid AND fence = p_fence AND NOT ended;
+    IF NOT FOUND OR NOT EXISTS (SELECT 1 FROM {s}.events
+            WHERE execution_id = p_eid AND sequence = p_seq - 1) THEN
+        RETURN 0;
+    END IF;
+    INSERT INTO {s}.events
+        (execution_id, sequence, envelope_id, type, payload, recorded_at, fence, checksum)
+        VALUES (p_eid, p_seq, p_id, p_type, p_payload, p_at, p_fence, p_sum);
+    IF w OR p_seq = 0 THEN
+        PERFORM pg_notify(p_channel, p_note);
+    END IF;
+    RETURN 1;
+END $$
+"""
+LOCKED_APPEND_CALL = (
+    "SELECT {s}.append_locked(%(eid)s, %(first)s, %(id)s, %(type)s, %(payload)s,"
+    " %(at)s::float8, %(fence)s, %(sum)s, %(channel)s, %(note)s), 0"
+)
 
 _waits = 0
 #: The server processes of this run's connections (see _refresh_backends).
@@ -245,6 +284,7 @@ async def run(steps: int, rounds: int, only: list[str] | None = None) -> list[Ro
     stores = {n: await PostgresStore.open(PG_DSN, schema=schema, notify=n) for n in (True, False)}
     runtime = loom.WorkflowRuntime(stores[True])
     runtime.register(seq_flow)
+    sync_conn.execute(LOCKED_APPEND_FUNCTION.format(s=f'"{schema}"'))
     sync_conn.execute(f"DROP TABLE IF EXISTS {FLOOR_TABLE}")
     sync_conn.execute(f"CREATE TABLE {FLOOR_TABLE} (id BIGINT PRIMARY KEY, payload TEXT NOT NULL)")
     counter = {"floor": 0, "exec": 0}
@@ -332,6 +372,11 @@ async def run(steps: int, rounds: int, only: list[str] | None = None) -> list[Ro
                 await aconn.execute(store._sql.watch, (eid,))
             encoded = [lean_values(text, raw_params(store, e)) for e in first[1:]]
             await timed_lean(row, encoded)
+            # A refused write costs no commit: every row must have landed, or the figure lies.
+            stored = sync_conn.execute(
+                f'SELECT count(*) FROM "{schema}".events WHERE execution_id = %s', (eid,)
+            ).fetchone()
+            assert stored is not None and stored[0] == n + 1, (row, stored, n + 1)
 
         return body
 
@@ -392,6 +437,7 @@ async def run(steps: int, rounds: int, only: list[str] | None = None) -> list[Ro
 
     rung_10 = RUNG_10_APPEND.format(s=f'"{schema}"', terminal=TERMINAL_SQL)
     read_fence = READ_FENCE_APPEND.format(s=f'"{schema}"')
+    locked = LOCKED_APPEND_CALL.format(s=f'"{schema}"')
     plain: list[tuple[str, Callable[[int], Awaitable[None]]]] = [
         ("floor (sync, = bench.peers)", floor_sync_body),
         ("floor (async)", floor_async),
@@ -412,6 +458,10 @@ async def run(steps: int, rounds: int, only: list[str] | None = None) -> list[Ro
         (
             "append statement, read fence",
             stmt_body("append statement, read fence", sql=read_fence),
+        ),
+        (
+            "append, advisory lock",
+            stmt_body("append, advisory lock", sql=locked),
         ),
         ("store.append, notify=on", store_body(True)),
         ("store.append, notify=off", store_body(False)),
