@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
@@ -138,6 +139,11 @@ class PostgresWriter:
         self._held_cursor: psycopg.AsyncCursor[tuple[Any, ...]] | None = None
         #: The lone writes' own prepared statements on it (see _postgres_lean).
         self._held_lean: LeanStatements | None = None
+        #: The lean statements of each pooled connection a batch ran on beside the held one
+        #: (prepared per connection; forgotten with the connection).
+        self._pooled_lean: weakref.WeakKeyDictionary[Conn, LeanStatements] = (
+            weakref.WeakKeyDictionary()
+        )
         #: When it goes back to the pool anyway (the pool's max_lifetime, which it cannot apply
         #: to a connection it does not hold), so that a long-running writer still recycles it.
         self._held_until = 0.0
@@ -188,7 +194,7 @@ class PostgresWriter:
                         lean = self._held_lean if held else None
                         committed = await self._run_single(conn, batch[0], cur, lean)
                     else:
-                        committed = await self._run_many(conn, batch)
+                        committed = await self._run_many(conn, batch, self._lean_on(conn, held))
                     failed = False
                 finally:
                     if not (held and self._keep_held(conn, failed)):
@@ -315,6 +321,15 @@ class PostgresWriter:
             return self._held, True
         return await pool.getconn(), False
 
+    def _lean_on(self, conn: Conn, held: bool) -> LeanStatements:
+        """The lean statements of ``conn``: the held connection's, or a pooled one's."""
+        if held and self._held_lean is not None:
+            return self._held_lean
+        lean = self._pooled_lean.get(conn)
+        if lean is None:
+            lean = self._pooled_lean[conn] = LeanStatements(conn)
+        return lean
+
     def _take_held(self) -> tuple[Conn, bool] | None:
         """The held connection, taken for one batch, if there is one and it is free (what
         :meth:`_acquire` does first, without its coroutine); None: ask ``_acquire``."""
@@ -417,7 +432,23 @@ class PostgresWriter:
             await self._reread_head(conn, req)
         return req.error is None
 
-    async def _run_many(self, conn: Conn, batch: list[PostgresWrite]) -> bool:
+    async def _run_many(
+        self, conn: Conn, batch: list[PostgresWrite], lean: LeanStatements | None = None
+    ) -> bool:
+        encoded = self._lean_batch(batch) if lean is not None else None
+        if encoded is not None:
+            assert lean is not None
+            key = next((r.cursor_lock for r in batch if r.cursor_lock is not None), None)
+            try:
+                rows = await lean.begin_and_run(encoded, key)
+            except psycopg.Error:
+                if _lost(conn):
+                    raise  # no COMMIT was sent: nothing is written; _run_batch fails every caller
+                # As below: replay the batch one SAVEPOINT per request (after a dropped
+                # prepared statement too: the savepoints go through psycopg).
+                await conn.execute("ROLLBACK")
+                return await self._run_savepoints(conn, batch)
+            return await self._settle_many(conn, batch, rows)
         try:
             async with conn.pipeline() as pipeline:
                 await conn.execute("BEGIN")
@@ -436,10 +467,32 @@ class PostgresWriter:
             # SAVEPOINT per request so that only that request fails.
             await conn.execute("ROLLBACK")
             return await self._run_savepoints(conn, batch)
+        return await self._settle_many(conn, batch, rows)
+
+    async def _settle_many(
+        self, conn: Conn, batch: list[PostgresWrite], rows: Sequence[tuple[Any, ...] | None]
+    ) -> bool:
         for req, row in zip(batch, rows, strict=True):
             if self._settle(req, row):
                 await self._reread_head(conn, req)
         return await self._commit(conn, batch)
+
+    @staticmethod
+    def _lean_batch(
+        batch: list[PostgresWrite],
+    ) -> list[tuple[bytes, list[bytes | None], tuple[int, ...]]] | None:
+        """Each request's statement as lean values, or None if one of them needs psycopg
+        (a parameter that is not a scalar, or a take_over_many, which answers with an array
+        and takes its heads' locks first: see _lock_first)."""
+        encoded = []
+        for req in batch:
+            if req.kind == "take_over_many":
+                return None
+            values = req.lean or lean_values(req.sql, req.params)
+            if values is None:
+                return None
+            encoded.append(values)
+        return encoded
 
     async def _run_savepoints(self, conn: Conn, batch: list[PostgresWrite]) -> bool:
         await conn.execute("BEGIN")
