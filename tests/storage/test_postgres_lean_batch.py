@@ -4,9 +4,11 @@ begin_and_run``), not psycopg's per-statement cursor: what it writes, refuses an
 from __future__ import annotations
 
 import asyncio
+import gc
 from collections.abc import Sequence
 from typing import Any
 
+import psycopg
 import pytest
 
 from loom.errors import DuplicateEnvelopeIdError, StaleFenceError
@@ -145,3 +147,39 @@ async def test_statements_dropped_behind_the_pipelines_back_are_prepared_again(
     assert outcomes[-1] == "ok", pipelines.calls
     for i in ids:
         assert await pg_store.last_sequence(i) == 3
+
+
+async def test_a_batch_larger_than_the_sockets_buffers_is_sent_and_answered(
+    pg_dsn: str, schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # ~9 MB of statements in one pipeline: libpq's flush returns "not all sent" several times,
+    # and the answers arrive while the rest is still being written.
+    store = await PostgresStore.open(pg_dsn, schema=schema, max_batch=4000)
+    try:
+        ids = [f"big-{i:04d}" for i in range(3000)]
+        fences = await _started(store, ids)
+        pipelines = _Pipelines(monkeypatch)
+        big = {"position": 1, "step_id": "s", "output": "x" * 3000}
+        await asyncio.gather(
+            *(store.append([env(i, 1, f, payload=big)]) for i, f in zip(ids, fences, strict=True))
+        )
+        assert max(n for n, _, _ in pipelines.calls) > 1000, pipelines.calls
+        assert all(outcome == "ok" for _, _, outcome in pipelines.calls), pipelines.calls
+        for i in ids[::300]:
+            assert await store.last_sequence(i) == 1
+    finally:
+        await store.close()
+
+
+async def test_lean_statements_do_not_keep_a_pooled_connection_alive(
+    pg_store: PostgresStore, pg_dsn: str
+) -> None:
+    writer = pg_store._writer
+    conn = await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True)
+    lean = writer._lean_on(conn, held=False)
+    assert lean.conn is conn and conn in writer._pooled_lean
+    before = len(writer._pooled_lean)
+    await conn.close()
+    del conn, lean
+    gc.collect()
+    assert len(writer._pooled_lean) == before - 1  # the entry went with its connection

@@ -41,6 +41,7 @@ import re
 import select
 import struct
 import time
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -308,12 +309,22 @@ class LeanStatements:
     """
 
     def __init__(self, conn: Conn) -> None:
-        self.conn = conn
+        # Weakly: a writer keeps one of these per pooled connection in a WeakKeyDictionary,
+        # whose entry would never go if its value held its key.
+        self._conn = weakref.ref(conn)
         #: (name, parameter formats) of each statement prepared here, by (text, types).
         self._names: dict[tuple[bytes, tuple[int, ...]], tuple[bytes, tuple[int, ...] | None]] = {}
         self._poller: select.poll | None = None
         #: When the next write first lets the loop run (see execute).
         self.loop_share = LoopShare()
+
+    @property
+    def conn(self) -> Conn:
+        """The connection these statements are prepared on."""
+        conn = self._conn()
+        if conn is None:  # only its owner uses it, while holding the connection
+            raise psycopg.InterfaceError("the connection of these lean statements is gone")
+        return conn
 
     async def execute(
         self, text: bytes, values: list[bytes | None], types: tuple[int, ...]
@@ -374,6 +385,7 @@ class LeanStatements:
             prepared.append(known)
         pgconn = self.conn.pgconn
         loop = asyncio.get_running_loop()
+        expected = len(statements) + (2 if lock_key is not None else 1)
         pgconn.enter_pipeline_mode()
         try:
             pgconn.send_query_params(b"BEGIN", None)
@@ -384,8 +396,11 @@ class LeanStatements:
             for (name, formats), (_text, values, _types) in zip(prepared, statements, strict=True):
                 pgconn.send_query_prepared(name, values, formats)
             pgconn.pipeline_sync()
-            while pgconn.flush():  # rare: the socket's buffer is full
-                await self._ready(loop, pgconn.socket, write=True)
+            while pgconn.flush():  # the socket's buffer is full: a large batch
+                # Read while waiting to write: a server blocked sending answers into a full
+                # receive buffer would stop reading the rest of the batch (libpq's advice).
+                if await self._readable_or_writable(loop, pgconn.socket):
+                    pgconn.consume_input()
             answers: list[pq.abc.PGresult | None] = []
             current: pq.abc.PGresult | None = None
             while True:
@@ -397,6 +412,11 @@ class LeanStatements:
                 if result is None:  # the end of one statement's answer
                     answers.append(current)
                     current = None
+                    if len(answers) > expected or pgconn.status != pq.ConnStatus.OK:
+                        # A connection that went bad answers "no result" forever: never spin.
+                        raise psycopg.OperationalError(
+                            "the connection was lost while a batch was being answered"
+                        )
                 elif result.status == pq.ExecStatus.PIPELINE_SYNC:
                     break
                 else:
@@ -408,7 +428,6 @@ class LeanStatements:
             # when the server has already gone: the pool then discards it without a warning).
             await self.conn.close()
             raise
-        expected = len(statements) + (2 if lock_key is not None else 1)
         if len(answers) != expected:
             raise psycopg.InterfaceError(
                 f"unexpected answer to a batch: {len(answers)} results for {expected} statements"
@@ -494,6 +513,23 @@ class LeanStatements:
             statuses = [pq.ExecStatus(r.status).name for r in results]
             raise psycopg.InterfaceError(f"unexpected answer to a write: {statuses}")
         return results[0]
+
+    @staticmethod
+    async def _readable_or_writable(loop: asyncio.AbstractEventLoop, fd: int) -> bool:
+        """Wait until ``fd`` can be read or written; True if it can be read."""
+        fut: asyncio.Future[bool] = loop.create_future()
+
+        def wake(readable: bool) -> None:
+            if not fut.done():
+                fut.set_result(readable)
+
+        loop.add_reader(fd, wake, True)
+        loop.add_writer(fd, wake, False)
+        try:
+            return await fut
+        finally:
+            loop.remove_reader(fd)
+            loop.remove_writer(fd)
 
     @staticmethod
     async def _ready(loop: asyncio.AbstractEventLoop, fd: int, *, write: bool = False) -> None:
