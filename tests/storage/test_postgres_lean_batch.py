@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -13,6 +14,7 @@ import pytest
 
 from loom.errors import DuplicateEnvelopeIdError, StaleFenceError
 from loom.model import EventType
+from loom.storage import Snapshot
 from loom.storage._postgres_lean import LeanStatements
 from loom.storage.postgres import PostgresStore
 from loom.testing._store_conformance import env
@@ -25,11 +27,14 @@ class _Pipelines:
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.calls: list[tuple[int, int | None, str]] = []
+        #: The connection each pipeline ran on.
+        self.conns: list[psycopg.AsyncConnection[Any]] = []
         real = LeanStatements.begin_and_run
 
         async def begin_and_run(
             lean: LeanStatements, statements: Sequence[Any], lock_key: int | None = None
         ) -> Any:
+            self.conns.append(lean.conn)
             try:
                 rows = await real(lean, statements, lock_key)
             except Exception as exc:
@@ -183,3 +188,120 @@ async def test_lean_statements_do_not_keep_a_pooled_connection_alive(
     del conn, lean
     gc.collect()
     assert len(writer._pooled_lean) == before - 1  # the entry went with its connection
+
+
+_SEGMENT = {"n": 2, "ops": {"1": {"a": 4}}}
+
+
+async def test_a_segment_refused_in_a_pipelined_batch_says_so(
+    pg_store: PostgresStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A refused segment's statement answers with no row: read as "kept", a chain with a gap
+    # would be reported saved (and the next load would merge segments that do not join).
+    based = [f"seg-{i:02d}" for i in range(6)]
+    for i in based:
+        await pg_store.save_snapshot(Snapshot(i, 2, {"execution_id": i, "n": 1, "ops": {}}))
+    pipelines = _Pipelines(monkeypatch)
+    unbased = [f"noseg-{i:02d}" for i in range(6)]
+    kept = await asyncio.gather(
+        *(pg_store.save_snapshot_segment(Snapshot(i, 4, _SEGMENT), 2) for i in based),
+        *(pg_store.save_snapshot_segment(Snapshot(i, 4, _SEGMENT), 2) for i in unbased),
+    )
+    assert any(n > 1 and outcome == "ok" for n, _, outcome in pipelines.calls), pipelines.calls
+    assert kept == [True] * len(based) + [False] * len(unbased)
+    for i in unbased:
+        assert await pg_store.load_snapshot(i) is None
+    for i in based:
+        got = await pg_store.load_snapshot(i)
+        assert got is not None and got.sequence == 4
+        assert got.state == {"execution_id": i, "n": 2, "ops": {"1": {"a": 4}}}
+
+
+async def test_a_pipeline_cancelled_mid_answer_closes_its_connection(
+    pg_dsn: str, pg_store: PostgresStore
+) -> None:
+    # Left open, the connection would go back to the pool in pipeline mode, or mid-answer,
+    # and the next batch on it would read this one's answers as its own.
+    conn = await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True)
+    watcher = await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True)
+    try:
+        pid = conn.info.backend_pid
+        # So that the server notices the client went while it sleeps (it otherwise would only
+        # when it next writes to the socket, 30 s later).
+        await conn.execute("SET client_connection_check_interval = '50ms'")
+        lean = LeanStatements(conn)
+        slow = (b"SELECT 1 FROM pg_sleep($1::int)", [b"30"], (20,))
+        task = asyncio.ensure_future(lean.begin_and_run([slow, slow]))
+        deadline = time.monotonic() + 10
+        while True:  # until the server is running the batch (its answer is then awaited)
+            cur = await watcher.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE pid = %s AND query LIKE %s",
+                (pid, "%pg_sleep%"),
+            )
+            row = await cur.fetchone()
+            if row is not None and row[0] == 1:
+                break
+            assert time.monotonic() < deadline, "the batch never reached the server"
+            await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert conn.closed
+        deadline = time.monotonic() + 10
+        while True:  # its backend went with it: nothing of the batch is left running
+            cur = await watcher.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (pid,)
+            )
+            row = await cur.fetchone()
+            if row is not None and row[0] == 0:
+                break
+            assert time.monotonic() < deadline, "the cancelled batch's backend is still there"
+            await asyncio.sleep(0.01)
+    finally:
+        await conn.close()
+        await watcher.close()
+
+
+async def test_batches_on_pooled_connections_use_their_own_prepared_statements(
+    pg_store: PostgresStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ids = [f"pool-{i:02d}" for i in range(16)]
+    fences = await _started(pg_store, ids)
+    writer = pg_store._writer
+    held = writer._held
+    assert held is not None  # the starts' batches took it
+    pipelines = _Pipelines(monkeypatch)
+    # As if a batch were running on the held connection: the next ones take pooled ones.
+    writer._held_busy = True
+    try:
+        results = await asyncio.gather(
+            *(pg_store.append([env(i, 1, f)]) for i, f in zip(ids, fences, strict=True)),
+            return_exceptions=True,
+        )
+    finally:
+        writer._held_busy = False
+    assert results == [None] * len(ids), results
+    assert pipelines.conns and all(c is not held for c in pipelines.conns), pipelines.calls
+    assert all(outcome == "ok" for _, _, outcome in pipelines.calls), pipelines.calls
+    assert held.pgconn.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    for i in ids:
+        assert await pg_store.last_sequence(i) == 1
+
+
+@pytest.mark.parametrize("start_sorts", ["first", "last"])
+async def test_a_batch_with_one_indexed_write_takes_the_cursor_lock(
+    pg_store: PostgresStore, monkeypatch: pytest.MonkeyPatch, start_sorts: str
+) -> None:
+    # A start writes an index row, so its batch takes the change cursor's lock before any
+    # head (see _lock_first); wherever the start sorts in its batch, the lock is taken.
+    stepping = [f"m-{i:02d}" for i in range(8)]
+    fences = await _started(pg_store, stepping)
+    new = "a-new" if start_sorts == "first" else "z-new"
+    new_fence = await pg_store.acquire_fence(new)
+    pipelines = _Pipelines(monkeypatch)
+    await asyncio.gather(
+        pg_store.append([env(new, 0, new_fence)]),
+        *(pg_store.append([env(i, 1, f)]) for i, f in zip(stepping, fences, strict=True)),
+    )
+    assert pipelines.calls == [(len(stepping) + 1, pg_store._cursor_lock, "ok")]
+    assert await pg_store.last_sequence(new) == 0
