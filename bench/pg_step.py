@@ -36,6 +36,11 @@ round), the median round reported:
   look cheap).
 * ``store.append``: ``PostgresStore.append([envelope])`` with envelopes built beforehand: the
   statement plus the store and its group-commit engine.
+* ``... spinning``: the floor's lean ``INSERT``, the append statement, ``store.append`` and the
+  runtime step with ``spin_wait`` (``--spin``, default 1 ms; ``PostgresStore(spin_wait=...)``):
+  the client spins on its socket for the answer instead of sleeping in ``poll()``. Compare a
+  spinning row with ``floor (lean, spinning)``, not with the sync floor, which sleeps: most of
+  what spinning saves is the sleeping client's wake-up, which every floor that sleeps pays.
 * ``runtime step``: a flow of ``--steps`` ``ctx.run`` steps (as ``bench.peers``' per-step row),
   per step.
 
@@ -274,16 +279,23 @@ async def server_time(conn: psycopg.AsyncConnection[Any], sql: str, params: Any,
     return float(statistics.median(times))
 
 
-async def run(steps: int, rounds: int, only: list[str] | None = None) -> list[Row]:
+async def run(
+    steps: int, rounds: int, only: list[str] | None = None, spin: float = 0.001
+) -> list[Row]:
     schema = f"loom_pgstep_{os.getpid()}"
     _count_waits()
     sync_conn = psycopg.connect(PG_DSN, autocommit=True)
     aconn = await psycopg.AsyncConnection.connect(PG_DSN, autocommit=True)
     stmt_conn = await psycopg.AsyncConnection.connect(PG_DSN, autocommit=True)
     lean = LeanStatements(stmt_conn)
+    spin_conn = await psycopg.AsyncConnection.connect(PG_DSN, autocommit=True)
+    spinning_lean = LeanStatements(spin_conn, spin_wait=spin)
     stores = {n: await PostgresStore.open(PG_DSN, schema=schema, notify=n) for n in (True, False)}
+    spinning = await PostgresStore.open(PG_DSN, schema=schema, spin_wait=spin)
     runtime = loom.WorkflowRuntime(stores[True])
     runtime.register(seq_flow)
+    spinning_runtime = loom.WorkflowRuntime(spinning)
+    spinning_runtime.register(seq_flow)
     sync_conn.execute(LOCKED_APPEND_FUNCTION.format(s=f'"{schema}"'))
     sync_conn.execute(f"DROP TABLE IF EXISTS {FLOOR_TABLE}")
     sync_conn.execute(f"CREATE TABLE {FLOOR_TABLE} (id BIGINT PRIMARY KEY, payload TEXT NOT NULL)")
@@ -348,17 +360,25 @@ async def run(steps: int, rounds: int, only: list[str] | None = None) -> list[Ro
             "sum": e.checksum(),
         }
 
-    async def timed_lean(row: str, encoded: list[Any]) -> None:
+    async def timed_lean(
+        row: str, encoded: list[Any], statements: LeanStatements | None = None
+    ) -> None:
         """Send each of ``encoded`` (built beforehand) as the store sends a lone write, timed."""
+        statements = statements or lean
         _refresh_backends(sync_conn)
         start = Snap()
         for values in encoded:
             assert values is not None
-            await lean.execute(*values)
+            await statements.execute(*values)
         rows[row].add(len(encoded), start)
 
     def stmt_body(
-        row: str, notify: bool = True, *, watched: bool = False, sql: str | None = None
+        row: str,
+        notify: bool = True,
+        *,
+        watched: bool = False,
+        sql: str | None = None,
+        statements: LeanStatements | None = None,
     ) -> Callable[[int], Awaitable[None]]:
         store = stores[notify]
         text = sql or store._sql.events("append", one=True)
@@ -371,7 +391,7 @@ async def run(steps: int, rounds: int, only: list[str] | None = None) -> list[Ro
             if watched:  # as a waiter in another process marks it (PostgresStore._watch_last)
                 await aconn.execute(store._sql.watch, (eid,))
             encoded = [lean_values(text, raw_params(store, e)) for e in first[1:]]
-            await timed_lean(row, encoded)
+            await timed_lean(row, encoded, statements)
             # A refused write costs no commit: every row must have landed, or the figure lies.
             stored = sync_conn.execute(
                 f'SELECT count(*) FROM "{schema}".events WHERE execution_id = %s', (eid,)
@@ -382,11 +402,14 @@ async def run(steps: int, rounds: int, only: list[str] | None = None) -> list[Ro
 
     floor_lean_sql = f"INSERT INTO {FLOOR_TABLE} (id, payload) VALUES (%s, %s) RETURNING 1"
 
-    async def floor_lean(n: int) -> None:
-        i = counter["floor"]
-        counter["floor"] = i + n
-        encoded = [lean_values(floor_lean_sql, (k, PAYLOAD)) for k in range(i, i + n)]
-        await timed_lean("floor (lean)", encoded)
+    def floor_lean_body(row: str, statements: LeanStatements) -> Callable[[int], Awaitable[None]]:
+        async def floor_lean(n: int) -> None:
+            i = counter["floor"]
+            counter["floor"] = i + n
+            encoded = [lean_values(floor_lean_sql, (k, PAYLOAD)) for k in range(i, i + n)]
+            await timed_lean(row, encoded, statements)
+
+        return floor_lean
 
     def half_body(half: str) -> Callable[[int], Awaitable[None]]:
         store = stores[False]
@@ -415,25 +438,26 @@ async def run(steps: int, rounds: int, only: list[str] | None = None) -> list[Ro
 
         return body
 
-    def store_body(notify: bool) -> Callable[[int], Awaitable[None]]:
-        store = stores[notify]
-
+    def store_body(row: str, store: PostgresStore) -> Callable[[int], Awaitable[None]]:
         async def body(n: int) -> None:
-            eid, fence = await fresh(store, f"store{int(notify)}")
+            eid, fence = await fresh(store, "store")
             evs = envelopes(eid, fence, n + 1)
             await store.append(evs[:1])
             _refresh_backends(sync_conn)
             start = Snap()
             for e in evs[1:]:
                 await store.append([e])
-            rows[f"store.append, notify={'on' if notify else 'off'}"].add(n, start)
+            rows[row].add(n, start)
 
         return body
 
-    async def runtime_body(n: int) -> None:
-        counter["exec"] += 1
-        handle = await runtime.start(seq_flow, n, execution_id=f"rt-{counter['exec']}")
-        assert await handle.result() == n
+    def runtime_body(on: loom.WorkflowRuntime) -> Callable[[int], Awaitable[None]]:
+        async def body(n: int) -> None:
+            counter["exec"] += 1
+            handle = await on.start(seq_flow, n, execution_id=f"rt-{counter['exec']}")
+            assert await handle.result() == n
+
+        return body
 
     rung_10 = RUNG_10_APPEND.format(s=f'"{schema}"', terminal=TERMINAL_SQL)
     read_fence = READ_FENCE_APPEND.format(s=f'"{schema}"')
@@ -442,10 +466,12 @@ async def run(steps: int, rounds: int, only: list[str] | None = None) -> list[Ro
         ("floor (sync, = bench.peers)", floor_sync_body),
         ("floor (async)", floor_async),
         ("SELECT 1 (async, no commit)", select1),
-        ("runtime step (200-step flow)", runtime_body),
+        ("runtime step (200-step flow)", runtime_body(runtime)),
+        ("runtime step, spinning", runtime_body(spinning_runtime)),
     ]
     timed_inside = [
-        ("floor (lean)", floor_lean),
+        ("floor (lean)", floor_lean_body("floor (lean)", lean)),
+        ("floor (lean, spinning)", floor_lean_body("floor (lean, spinning)", spinning_lean)),
         ("events INSERT alone", half_body("insert")),
         ("heads UPDATE alone", half_body("update")),
         ("append statement", stmt_body("append statement")),
@@ -463,8 +489,13 @@ async def run(steps: int, rounds: int, only: list[str] | None = None) -> list[Ro
             "append, advisory lock",
             stmt_body("append, advisory lock", sql=locked),
         ),
-        ("store.append, notify=on", store_body(True)),
-        ("store.append, notify=off", store_body(False)),
+        (
+            "append statement, spinning",
+            stmt_body("append statement, spinning", statements=spinning_lean),
+        ),
+        ("store.append, notify=on", store_body("store.append, notify=on", stores[True])),
+        ("store.append, notify=off", store_body("store.append, notify=off", stores[False])),
+        ("store.append, spinning", store_body("store.append, spinning", spinning)),
     ]
     if only:  # the floor always runs: every ratio is to it
         plain = [r for r in plain if r[0] == plain[0][0] or r[0] in only]
@@ -502,12 +533,14 @@ async def run(steps: int, rounds: int, only: list[str] | None = None) -> list[Ro
             )
     finally:
         await runtime.close()
-        for s in stores.values():
+        await spinning_runtime.close()
+        for s in (*stores.values(), spinning):
             await s.close()
         sync_conn.execute(f"DROP TABLE IF EXISTS {FLOOR_TABLE}")
         sync_conn.close()
         await aconn.close()
         await stmt_conn.close()
+        await spin_conn.close()
         await PostgresStore.drop_schema(PG_DSN, schema)
     return list(rows.values())
 
@@ -554,9 +587,15 @@ def main() -> int:
         help="only these rows (names as printed, separated by ';'; the sync floor always runs): "
         "more rounds of a few rows resolve a smaller difference",
     )
+    parser.add_argument(
+        "--spin",
+        type=float,
+        default=0.001,
+        help="the spinning rows' spin_wait (seconds, at most 0.002)",
+    )
     args = parser.parse_args()
     only = [name.strip() for name in args.rows.split(";") if name.strip()]
-    rows = asyncio.run(run(args.steps, args.rounds, only))
+    rows = asyncio.run(run(args.steps, args.rounds, only, args.spin))
     report(rows, args.steps, args.rounds)
     return 0
 

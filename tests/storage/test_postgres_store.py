@@ -43,6 +43,7 @@ VARIANTS = {
     "coalesced": {},
     "per-append": {"group_commit": False},
     "no-notify": {"notify": False},
+    "spinning": {"spin_wait": 0.001},
 }
 
 

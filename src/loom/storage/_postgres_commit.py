@@ -123,8 +123,10 @@ class PostgresWriter:
         max_batch: int,
         max_inflight: int,
         resolve_timeout: float,
+        spin_wait: float = 0.0,
     ) -> None:
         self.dsn = dsn
+        self.spin_wait = spin_wait
         self.schema = schema
         self.resolve_timeout = resolve_timeout
         self._sql = sql
@@ -280,7 +282,9 @@ class PostgresWriter:
         except Exception as exc:
             # Nothing was committed (a lost commit is resolved above), as in _run_batch.
             self.check_pool()
-            raise self._write_error("the write transaction failed", exc) from exc
+            raise self._write_error(
+                "the write transaction failed", exc, execution_id=execution_id
+            ) from exc
         finally:
             # An interruption (a cancel) goes to the caller as it is, as from _run_batch.
             engine.lone_ends()
@@ -289,7 +293,10 @@ class PostgresWriter:
                 faults.hit("after_append_before_ack")
             except Exception as exc:
                 raise self._write_error(
-                    "committed, but the acknowledgement was lost", exc, outcome="committed"
+                    "committed, but the acknowledgement was lost",
+                    exc,
+                    outcome="committed",
+                    execution_id=execution_id,
                 ) from exc
         if req is not None and req.error is not None:
             raise req.error
@@ -316,7 +323,7 @@ class PostgresWriter:
                     self._held_busy = False
                     raise
                 self._held_cursor = self._held.cursor()
-                self._held_lean = LeanStatements(self._held)
+                self._held_lean = LeanStatements(self._held, spin_wait=self.spin_wait)
                 self._held_until = time.monotonic() + pool.max_lifetime
             return self._held, True
         return await pool.getconn(), False
@@ -731,6 +738,27 @@ class PostgresWriter:
         return err
 
     def _fail_all(self, batch: list[PostgresWrite], error: StorageWriteError) -> None:
+        """Fail every request of ``batch`` with ``error``, each naming its own execution."""
+        named: dict[str, StorageWriteError] = {}
         for req in batch:
-            req.error = error
+            err = error
+            if error.execution_id is None and req.execution_id:
+                err = named.get(req.execution_id) or named.setdefault(
+                    req.execution_id, _naming(error, req.execution_id)
+                )
+            req.error = err
             req.result = None
+
+
+def _naming(error: StorageWriteError, execution_id: str) -> StorageWriteError:
+    """``error`` for one request of its batch: the same failure, naming that execution."""
+    details = {k: v for k, v in error.details.items() if k != "outcome"}
+    copy = StorageWriteError(
+        error.message,
+        outcome=error.outcome,
+        execution_id=execution_id,
+        hint=error.hint,
+        **details,
+    )
+    copy.__cause__ = error.__cause__
+    return copy

@@ -308,7 +308,10 @@ class LeanStatements:
     Used only while the writer holds the connection for one batch, so never concurrently.
     """
 
-    def __init__(self, conn: Conn) -> None:
+    def __init__(self, conn: Conn, *, spin_wait: float = 0.0) -> None:
+        #: Seconds a lone write's answer is spun for before the blocking wait (see
+        #: PostgresStore's ``spin_wait``); never beyond that wait's budget.
+        self.spin_wait = spin_wait
         # Weakly: a writer keeps one of these per pooled connection in a WeakKeyDictionary,
         # whose entry would never go if its value held its key.
         self._conn = weakref.ref(conn)
@@ -480,8 +483,22 @@ class LeanStatements:
                 await self._ready(loop, pgconn.socket, write=True)
             results: list[pq.abc.PGresult] = []
             budget = _idle_budget(loop)
+            spin = min(self.spin_wait, budget)
             while True:
                 if pgconn.is_busy():
+                    if spin > 0:
+                        # Reading what has arrived, without sleeping: the answer is taken the
+                        # moment it lands, by a process that has not been put to sleep (its
+                        # wake-up, and the cold caches after it, cost more than the spin).
+                        started = time.monotonic()
+                        until = started + spin
+                        spin = 0.0  # once: an answer still not in is waited for as below
+                        while True:
+                            pgconn.consume_input()
+                            if not pgconn.is_busy() or time.monotonic() >= until:
+                                break
+                        budget -= time.monotonic() - started
+                        continue
                     if budget > 0:
                         poller = self._poller
                         if poller is None:

@@ -94,7 +94,7 @@ from loom.storage._index import (
 from loom.storage._loads import add_beyond, assemble, chunks, postgres_load_many
 from loom.storage._postgres_branches import PostgresBranches
 from loom.storage._postgres_commit import PostgresWrite, PostgresWriter, WriteKind
-from loom.storage._postgres_lean import PlainAppend, forget_prepared
+from loom.storage._postgres_lean import LONE_WAIT, PlainAppend, forget_prepared
 from loom.storage._postgres_listen import NotifyListener
 from loom.storage._postgres_sql import (
     MAX_NOTE_BYTES,
@@ -178,6 +178,12 @@ class PostgresStore(PostgresBranches):
     all notifying transactions in a database (a lock held through the commit's WAL flush),
     which caps many *uncoalesced* writers; ``wait_for_append`` then polls every
     ``poll_interval``. With group commit one notification covers a whole batch.
+
+    ``spin_wait`` (seconds, at most 0.002; default 0: off) lets a lone write (one execution
+    stepping, nothing else ready on the event loop) spin on its socket for its answer that
+    long before it sleeps in ``poll()``. It trades a busy core for the process's wake-up after
+    each commit: on a 2-core VM a step took ~25% less wall time (``python -m bench.pg_step``,
+    its ``spinning`` rows), at about twice the client CPU. A batch's round trip never spins.
     """
 
     def __init__(
@@ -197,6 +203,7 @@ class PostgresStore(PostgresBranches):
         notify: bool = True,
         limits: PayloadLimits = DEFAULT_LIMITS,
         read_only: bool = False,
+        spin_wait: float = 0.0,
     ) -> None:
         if not SCHEMA_NAME.fullmatch(schema):
             raise ConfigurationError(
@@ -215,6 +222,14 @@ class PostgresStore(PostgresBranches):
         safety_poll_interval = seconds_setting(
             safety_poll_interval, "PostgresStore safety_poll_interval"
         )
+        spin_wait = seconds_setting(spin_wait, "PostgresStore spin_wait", zero_ok=True)
+        if spin_wait > LONE_WAIT:
+            raise ConfigurationError(
+                f"PostgresStore spin_wait must be at most {LONE_WAIT} s (got {spin_wait}): a "
+                "lone write holds the event loop no longer than that",
+                hint="Use spin_wait=0.001, or leave it at 0 (no spinning)",
+            )
+        self.spin_wait = spin_wait
         self.dsn = dsn
         self.schema = schema
         self.pool_min = pool_min
@@ -255,6 +270,7 @@ class PostgresStore(PostgresBranches):
             max_batch=self.max_batch,
             max_inflight=self.max_inflight_batches,
             resolve_timeout=resolve_timeout,
+            spin_wait=spin_wait,
         )
         self._waiting: Counter[str] = Counter()
         self._listener = NotifyListener(
