@@ -738,15 +738,12 @@ class PostgresWriter:
         return err
 
     def _fail_all(self, batch: list[PostgresWrite], error: StorageWriteError) -> None:
-        """Fail every request of ``batch`` with ``error``, each naming its own execution."""
-        named: dict[str, StorageWriteError] = {}
+        """Fail every request of ``batch`` with ``error`` (one error for the whole batch; a
+        lone request's names its execution)."""
+        if len(batch) == 1 and error.execution_id is None and batch[0].execution_id:
+            error = _naming(error, batch[0].execution_id)
         for req in batch:
-            err = error
-            if error.execution_id is None and req.execution_id:
-                err = named.get(req.execution_id) or named.setdefault(
-                    req.execution_id, _naming(error, req.execution_id)
-                )
-            req.error = err
+            req.error = error
             req.result = None
 
 
