@@ -1,14 +1,13 @@
 """``PostgresStore(spin_wait=...)``: a lone write spins on its socket for its answer before it
-sleeps in ``poll()``. What it spins for, what it never holds up, and how it fails."""
+sleeps in ``poll()``. What it spins for and how it fails (that it never holds the loop up for
+long: ``test_a_lone_write_held_up_by_a_lock_leaves_the_event_loop_running``)."""
 
 from __future__ import annotations
 
-import asyncio
 import math
 import select
 from typing import Any
 
-import psycopg
 import pytest
 
 from loom.errors import ConfigurationError, StaleFenceError, StorageError
@@ -77,33 +76,6 @@ async def test_a_spinning_lone_write_takes_its_answer_without_sleeping(
         assert slept <= 10, slept
     else:
         assert slept >= 45, slept  # the control: without a spin, nearly every answer is
-
-
-@pytest.mark.postgres
-async def test_a_spinning_write_held_up_by_a_lock_leaves_the_event_loop_running(
-    pg_dsn: str, schema: str
-) -> None:
-    """The spin counts against the lone write's bounded wait: one held up by another
-    session's row lock still yields, so the task that will release the lock runs."""
-    store = await PostgresStore.open(pg_dsn, schema=schema, spin_wait=0.002)
-    try:
-        fence = await store.acquire_fence("held-up")
-        await store.append([env("held-up", 0, fence)])
-        await store.append([env("held-up", 1, fence)])
-        async with await psycopg.AsyncConnection.connect(pg_dsn) as blocker:
-            await blocker.execute(
-                f'SELECT 1 FROM "{schema}".heads WHERE execution_id = %s FOR UPDATE',
-                ("held-up",),
-            )
-            loop = asyncio.get_running_loop()
-            write = loop.create_task(store.append([env("held-up", 2, fence)]))
-            await asyncio.sleep(0.2)  # runs only if the write yields the loop
-            assert not write.done()
-            await blocker.rollback()
-            await asyncio.wait_for(write, 10)
-        assert await store.last_sequence("held-up") == 2
-    finally:
-        await store.close()
 
 
 @pytest.mark.postgres

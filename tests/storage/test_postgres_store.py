@@ -647,12 +647,19 @@ async def test_a_lost_take_over_many_is_probed_only_once_its_transaction_is_gone
     assert [await store.current_fence(i) for i in ids] == [f + 1 for f in fences]
 
 
+@pytest.mark.parametrize("spin_wait", [0.0, 0.002])
 async def test_a_lone_write_held_up_by_a_lock_leaves_the_event_loop_running(
-    store: PostgresStore, pg_dsn: str, schema: str
+    pg_dsn: str, schema: str, spin_wait: float
 ) -> None:
     """A lone write waits for its answer without yielding the loop only briefly
-    (``LONE_WAIT``): one held up by another session's row lock yields, so the task that will
-    release that lock still runs (if the wait were unbounded, this would never finish)."""
+    (``LONE_WAIT``, which a ``spin_wait`` spends first): one held up by another session's row
+    lock yields, so the task that will release that lock still runs (if the wait were
+    unbounded, this would never finish)."""
+    async with await PostgresStore.open(pg_dsn, schema=schema, spin_wait=spin_wait) as store:
+        await _held_up(store, pg_dsn, schema)
+
+
+async def _held_up(store: PostgresStore, pg_dsn: str, schema: str) -> None:
     fence = await store.acquire_fence("held-up")
     await store.append([env("held-up", 0, fence)])
     await store.append([env("held-up", 1, fence)])  # the plain step's statement is prepared

@@ -204,7 +204,12 @@ class PostgresWriter:
             except Exception as exc:
                 # Nothing of this batch was committed (commit failures are resolved inside).
                 self.check_pool()
-                self._fail_all(batch, self._write_error("the write transaction failed", exc))
+                self._fail_all(
+                    batch,
+                    self._write_error(
+                        "the write transaction failed", exc, execution_id=_lone_id(batch)
+                    ),
+                )
                 return
             if committed and faults.ARMED:
                 try:
@@ -213,11 +218,17 @@ class PostgresWriter:
                     self._fail_all(
                         batch,
                         self._write_error(
-                            "committed, but the acknowledgement was lost", exc, outcome="committed"
+                            "committed, but the acknowledgement was lost",
+                            exc,
+                            outcome="committed",
+                            execution_id=_lone_id(batch),
                         ),
                     )
         except BaseException as exc:
-            self._fail_all(batch, self._write_error("the write was interrupted", exc))
+            self._fail_all(
+                batch,
+                self._write_error("the write was interrupted", exc, execution_id=_lone_id(batch)),
+            )
             raise
         finally:
             notify = [r.execution_id for r in batch if r.kind in _EVENT_WRITES and r.error is None]
@@ -636,10 +647,13 @@ class PostgresWriter:
                 exc,
                 outcome="unknown",
                 hint="The write may or may not be stored: read the execution before retrying",
+                execution_id=_lone_id(batch),
             )
         else:
             err = self._write_error(
-                "the connection was lost while committing; checked: nothing was written", exc
+                "the connection was lost while committing; checked: nothing was written",
+                exc,
+                execution_id=_lone_id(batch),
             )
         self._fail_all(batch, err)
         return False
@@ -738,24 +752,12 @@ class PostgresWriter:
         return err
 
     def _fail_all(self, batch: list[PostgresWrite], error: StorageWriteError) -> None:
-        """Fail every request of ``batch`` with ``error`` (one error for the whole batch; a
-        lone request's names its execution)."""
-        if len(batch) == 1 and error.execution_id is None and batch[0].execution_id:
-            error = _naming(error, batch[0].execution_id)
         for req in batch:
             req.error = error
             req.result = None
 
 
-def _naming(error: StorageWriteError, execution_id: str) -> StorageWriteError:
-    """``error`` for one request of its batch: the same failure, naming that execution."""
-    details = {k: v for k, v in error.details.items() if k != "outcome"}
-    copy = StorageWriteError(
-        error.message,
-        outcome=error.outcome,
-        execution_id=execution_id,
-        hint=error.hint,
-        **details,
-    )
-    copy.__cause__ = error.__cause__
-    return copy
+def _lone_id(batch: list[PostgresWrite]) -> str | None:
+    """The execution a batch's one error names: its request's, if it holds one (a batch of
+    several shares one error, naming none)."""
+    return (batch[0].execution_id or None) if len(batch) == 1 else None
