@@ -36,6 +36,12 @@ WORKLOADS: Final = {
         Workload(
             "per_step_floor_ratio", "per-step overhead ÷ raw floor measured alongside", "x", False
         ),
+        Workload(
+            "per_step_above_floor",
+            "per-step overhead above the raw floor measured alongside",
+            "µs/step",
+            False,
+        ),
         Workload("throughput", "throughput, 3-step workflows", "wf/s", True),
         Workload("throughput_steps", "throughput, steps of 3-step workflows", "steps/s", True),
         Workload("one_step", "throughput, 1-step workflows", "wf/s", True),

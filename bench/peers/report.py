@@ -17,6 +17,7 @@ HEADERS = {"loom": "Loom", "dbos": "DBOS", "langgraph": "LangGraph", "floor": "r
 ROWS = (
     "per_step",
     "per_step_floor_ratio",
+    "per_step_above_floor",
     "throughput",
     "throughput_steps",
     "one_step",
@@ -27,6 +28,7 @@ ROWS = (
 LABELS = {
     "per_step": "per-step overhead µs/step ↓",
     "per_step_floor_ratio": "  ÷ floor run alongside ↓",
+    "per_step_above_floor": "  above floor run alongside µs ↓",
     "throughput": "3-step workflows/s ↑",
     "throughput_steps": "3-step steps/s ↑",
     "one_step": "1-step workflows/s ↑",
@@ -78,7 +80,11 @@ def _cell(idx: Index, system: str, backend: str, key: str) -> str:
     if s.error or s.median is None:
         return "error"
     text = f"{num(s.median)} [{num(s.low)}..{num(s.high)}]"
-    if system != "loom" and key not in ("recovery_reexec", "per_step_floor_ratio"):
+    if system != "loom" and key not in (
+        "recovery_reexec",
+        "per_step_floor_ratio",
+        "per_step_above_floor",
+    ):
         loom = series(idx, "loom", backend, key)
         if loom is not None and loom.median and not loom.error:
             text += f" x{s.median / loom.median:.2f}"
