@@ -166,8 +166,9 @@ def run_system(
                 runner.measure(
                     "per_step",
                     bracketed,
-                    # The ratio moves with the machine's fsync (its floor drifts by 2-4x from
-                    # one machine or day to the next), the difference much less: both are kept.
+                    # The ratio mixes the disk's speed (the floor) with the CPU's (Loom's own
+                    # work beside the commit), which drift independently on a shared VM; the
+                    # difference isolates Loom's part. Both are kept.
                     derived={
                         "per_step_floor_ratio": lambda v: v / (last_floor[0] / steps * 1e6),
                         "per_step_above_floor": lambda v: v - last_floor[0] / steps * 1e6,
