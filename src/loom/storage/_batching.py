@@ -113,6 +113,11 @@ class GroupCommit(Generic[R]):
             not self._inflight and not self._pending and not (self.coalesce and _others_ready(loop))
         )
 
+    def others_in_flight(self) -> bool:
+        """Whether a batch other than the caller's is being written now (the caller's own
+        batch, or lone write, counts as one in flight)."""
+        return self._inflight > 1
+
     def lone_begins(self) -> None:
         """A lone write of the store's own is under way: writers arriving meanwhile queue
         behind it, as behind :meth:`submit`'s lone writer."""

@@ -193,7 +193,7 @@ class PostgresWriter:
                 try:
                     if len(batch) == 1:
                         cur = self._held_cursor if held else None
-                        lean = self._held_lean if held else None
+                        lean = self._lean_on(conn, held)
                         committed = await self._run_single(conn, batch[0], cur, lean)
                     else:
                         committed = await self._run_many(conn, batch, self._lean_on(conn, held))
@@ -334,7 +334,11 @@ class PostgresWriter:
                     self._held_busy = False
                     raise
                 self._held_cursor = self._held.cursor()
-                self._held_lean = LeanStatements(self._held, spin_wait=self.spin_wait)
+                self._held_lean = LeanStatements(
+                    self._held,
+                    spin_wait=self.spin_wait,
+                    others_writing=self.engine.others_in_flight,
+                )
                 self._held_until = time.monotonic() + pool.max_lifetime
             return self._held, True
         return await pool.getconn(), False
@@ -345,7 +349,9 @@ class PostgresWriter:
             return self._held_lean
         lean = self._pooled_lean.get(conn)
         if lean is None:
-            lean = self._pooled_lean[conn] = LeanStatements(conn)
+            lean = self._pooled_lean[conn] = LeanStatements(
+                conn, others_writing=self.engine.others_in_flight
+            )
         return lean
 
     def _take_held(self) -> tuple[Conn, bool] | None:

@@ -7,8 +7,9 @@ about as much client CPU as the rest of the append. Here the statement is conver
 form and prepared once per connection under a name of our own, its scalar parameters are
 encoded straight to text, and the answer is awaited on one reader callback.
 
-When nothing else is ready to run on the event loop (one execution stepping: the common case),
-the answer is first waited for in ``poll()``, for at most :data:`LONE_WAIT` (and never past the
+When nothing else is ready to run on the event loop and no other write of the store is in flight
+on another connection (one execution stepping: the common case), the answer is first waited for
+in ``poll()``, for at most :data:`LONE_WAIT` (and never past the
 loop's next timer; a write first lets the loop take a pass once every ``SHARE_LOOP_EVERY``, as
 the other stores' writes do, so other tasks' I/O is never left unseen for longer than that): a
 commit's answer usually comes well within it, and waiting on the loop
@@ -308,10 +309,22 @@ class LeanStatements:
     Used only while the writer holds the connection for one batch, so never concurrently.
     """
 
-    def __init__(self, conn: Conn, *, spin_wait: float = 0.0) -> None:
+    def __init__(
+        self,
+        conn: Conn,
+        *,
+        spin_wait: float = 0.0,
+        others_writing: Callable[[], bool] | None = None,
+    ) -> None:
         #: Seconds a lone write's answer is spun for before the blocking wait (see
         #: PostgresStore's ``spin_wait``); never beyond that wait's budget.
         self.spin_wait = spin_wait
+        #: Whether another write of the same store is in flight on another connection: its
+        #: answer arrives on a socket only the loop watches, so an answer is then awaited on
+        #: the loop, never in ``poll()`` (which would leave the other writer's answer unseen
+        #: until this one's came, commit after commit: two executions stepping side by side
+        #: ran one at a time, the other one step every ``SHARE_LOOP_EVERY``).
+        self._others_writing = others_writing
         # Weakly: a writer keeps one of these per pooled connection in a WeakKeyDictionary,
         # whose entry would never go if its value held its key.
         self._conn = weakref.ref(conn)
@@ -482,7 +495,8 @@ class LeanStatements:
             while pgconn.flush():  # rare: the socket's buffer is full
                 await self._ready(loop, pgconn.socket, write=True)
             results: list[pq.abc.PGresult] = []
-            budget = _idle_budget(loop)
+            others = self._others_writing
+            budget = 0.0 if others is not None and others() else _idle_budget(loop)
             spin = min(self.spin_wait, budget)
             while True:
                 if pgconn.is_busy():

@@ -1,0 +1,91 @@
+"""Executions stepping side by side on one PostgreSQL store share its writes fairly.
+
+A lone write waits for its commit in ``poll()`` on its own socket, holding the event loop (see
+``loom.storage._postgres_lean``). That is right only while no other write of the store is in
+flight: another writer's answer arrives on a socket only the loop watches, so it stayed unseen
+while this writer committed step after step, and two executions stepping side by side ran one
+at a time, the second one step every few milliseconds (it made ~1 step for 13 of the other's).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import select
+
+import pytest
+
+import loom
+from loom.storage import _postgres_lean
+from loom.storage.postgres import PostgresStore
+
+STEPS = 80
+done_steps: dict[str, int] = {}
+
+
+@loom.step(id="tick")
+async def tick(execution: str) -> int:
+    done_steps[execution] = done_steps.get(execution, 0) + 1
+    return done_steps[execution]
+
+
+@loom.flow(id="ticking", version="1")
+async def ticking(ctx: loom.WorkflowContext, execution: str) -> int:
+    for _ in range(STEPS):
+        await ctx.run(tick, execution)
+    return done_steps[execution]
+
+
+@pytest.mark.postgres
+async def test_two_executions_stepping_side_by_side_progress_together(
+    pg_dsn: str, schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    executions = 2
+    done_steps.clear()
+    store = await PostgresStore.open(pg_dsn, schema=schema)
+    # How many of the store's writes were in flight each time one waited in poll(): one, its
+    # own, or the loop would be held while the other's answer sits unseen.
+    in_flight_at_poll: list[int] = []
+
+    class Poll:
+        def __init__(self) -> None:
+            self._poll = select.poll()
+
+        def register(self, fd: int, mask: int) -> None:
+            self._poll.register(fd, mask)
+
+        def poll(self, timeout: int) -> list[tuple[int, int]]:
+            in_flight_at_poll.append(store._writer.engine._inflight)
+            return self._poll.poll(timeout)
+
+    class Select:
+        POLLIN = select.POLLIN
+        poll = Poll
+
+    monkeypatch.setattr(_postgres_lean, "select", Select)
+    runtime = loom.WorkflowRuntime(store)
+    runtime.register(ticking)
+    try:
+        ids = [f"side-{i}" for i in range(executions)]
+        handles = [await runtime.start(ticking, eid, execution_id=eid) for eid in ids]
+        first = await next(asyncio.as_completed([h.result() for h in handles]))
+        assert first == STEPS
+        # When the first has taken all its steps, every other one has taken most of its own.
+        behind = {eid: done_steps.get(eid, 0) for eid in ids}
+        assert min(behind.values()) >= STEPS // 2, behind
+        assert [await h.result() for h in handles] == [STEPS] * executions
+        assert in_flight_at_poll, "no write waited in poll(): the test saw nothing"
+        assert max(in_flight_at_poll) == 1, sorted(set(in_flight_at_poll))
+    finally:
+        await runtime.close()
+        await store.close()
+    for eid in ids:  # every step landed once, in order
+        log = await _read(pg_dsn, schema, eid)
+        assert log == list(range(len(log)))
+
+
+async def _read(dsn: str, schema: str, execution_id: str) -> list[int]:
+    store = await PostgresStore.open(dsn, schema=schema)
+    try:
+        return [e.sequence for e in await store.read(execution_id)]
+    finally:
+        await store.close()
