@@ -12,7 +12,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from loom.errors import DuplicateEnvelopeIdError, StaleFenceError, StorageWriteError
+from loom.errors import DuplicateEnvelopeIdError, StaleFenceError
 from loom.model import EventType
 from loom.storage import Snapshot
 from loom.storage._postgres_lean import LeanStatements
@@ -29,21 +29,14 @@ class _Pipelines:
         self.calls: list[tuple[int, int | None, str]] = []
         #: The connection each pipeline ran on.
         self.conns: list[psycopg.AsyncConnection[Any]] = []
-        #: Whether each pipeline carried its COMMIT.
-        self.commits: list[bool] = []
         real = LeanStatements.begin_and_run
 
         async def begin_and_run(
-            lean: LeanStatements,
-            statements: Sequence[Any],
-            lock_key: int | None = None,
-            *,
-            commit: bool = False,
+            lean: LeanStatements, statements: Sequence[Any], lock_key: int | None = None
         ) -> Any:
             self.conns.append(lean.conn)
-            self.commits.append(commit)
             try:
-                rows = await real(lean, statements, lock_key, commit=commit)
+                rows = await real(lean, statements, lock_key)
             except Exception as exc:
                 self.calls.append((len(statements), lock_key, type(exc).__name__))
                 raise
@@ -312,123 +305,3 @@ async def test_a_batch_with_one_indexed_write_takes_the_cursor_lock(
     )
     assert pipelines.calls == [(len(stepping) + 1, pg_store._cursor_lock, "ok")]
     assert await pg_store.last_sequence(new) == 0
-
-
-class _PsycopgCommits:
-    """Counts the COMMITs sent through psycopg (a batch's own COMMIT, when it is not sent with
-    its statements)."""
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.count = 0
-        real = psycopg.AsyncConnection.execute
-
-        async def execute(conn: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
-            if query == "COMMIT":
-                self.count += 1
-            return await real(conn, query, *args, **kwargs)
-
-        monkeypatch.setattr(psycopg.AsyncConnection, "execute", execute)
-
-
-async def test_a_batch_of_steps_commits_in_the_round_trip_of_its_statements(
-    pg_store: PostgresStore, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    ids = [f"one-rt-{i:02d}" for i in range(12)]
-    fences = await _started(pg_store, ids)
-    pipelines = _Pipelines(monkeypatch)
-    commits = _PsycopgCommits(monkeypatch)
-    await asyncio.gather(
-        *(pg_store.append([env(i, 1, f)]) for i, f in zip(ids, fences, strict=True))
-    )
-    batched = [c for (n, _, _), c in zip(pipelines.calls, pipelines.commits, strict=True) if n > 1]
-    assert batched and all(batched), (pipelines.calls, pipelines.commits)
-    assert commits.count == 0  # no second round trip for the COMMIT
-    for i in ids:
-        assert await pg_store.last_sequence(i) == 1
-
-
-async def test_a_batch_whose_answers_are_lost_with_its_commit_is_resolved_write_by_write(
-    pg_dsn: str, pg_store: PostgresStore, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # The statements and the COMMIT go in one round trip, so their answers can be lost with
-    # the commit: the batch committed, one of its writes refused by its statement. Each write
-    # is then looked for on its own; the refused one must not be acknowledged, nor the
-    # committed ones reported lost.
-    ids = [f"lost-{i:02d}" for i in range(8)]
-    fences = await _started(pg_store, ids)
-    assert await pg_store.acquire_fence(ids[0]) == fences[0] + 1  # ids[0]'s write is stale
-    watcher = await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True)
-    fired: list[bool] = []
-    real_ready = LeanStatements._ready
-
-    async def ready(loop: asyncio.AbstractEventLoop, fd: int, *, write: bool = False) -> None:
-        if fired:
-            return await real_ready(loop, fd, write=write)
-        fired.append(True)
-        deadline = time.monotonic() + 10
-        while True:  # until the batch's commit is visible: then its answer is "lost"
-            cur = await watcher.execute(
-                f'SELECT count(*) FROM "{pg_store.schema}".events '
-                "WHERE execution_id = ANY(%s) AND sequence = 1",
-                (ids[1:],),
-            )
-            row = await cur.fetchone()
-            if row is not None and row[0] == len(ids) - 1:
-                break
-            assert time.monotonic() < deadline, "the batch never committed"
-            await asyncio.sleep(0.01)
-        raise psycopg.OperationalError("the connection was lost (injected after the commit)")
-
-    monkeypatch.setattr(LeanStatements, "_ready", staticmethod(ready))
-    try:
-        results = await asyncio.gather(
-            *(pg_store.append([env(i, 1, f)]) for i, f in zip(ids, fences, strict=True)),
-            return_exceptions=True,
-        )
-    finally:
-        await watcher.close()
-    assert fired, "no batch waited for its answer: the test injected nothing"
-    refused = results[0]
-    assert isinstance(refused, StorageWriteError), refused
-    assert refused.execution_id == ids[0]
-    assert "refused this write and nothing of it was written" in str(refused), refused
-    assert results[1:] == [None] * (len(ids) - 1), results
-    assert await pg_store.last_sequence(ids[0]) == 0
-    for i in ids[1:]:
-        assert await pg_store.last_sequence(i) == 1
-    # The store writes on: the lost connection went, a new one took its place.
-    await asyncio.gather(
-        *(pg_store.append([env(i, 2, f)]) for i, f in zip(ids[1:], fences[1:], strict=True))
-    )
-
-
-async def test_a_batch_lost_before_its_commit_reports_nothing_written(
-    pg_store: PostgresStore, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    ids = [f"gone-{i:02d}" for i in range(8)]
-    fences = await _started(pg_store, ids)
-    fired: list[bool] = []
-    real_ready = LeanStatements._ready
-
-    async def ready(loop: asyncio.AbstractEventLoop, fd: int, *, write: bool = False) -> None:
-        if fired:
-            return await real_ready(loop, fd, write=write)
-        fired.append(True)
-        raise psycopg.OperationalError("the connection was lost (injected before the answer)")
-
-    # The connection is closed before its pipeline is read: the server may still commit it,
-    # so what is reported must be what the store then holds, write by write.
-    monkeypatch.setattr(LeanStatements, "_ready", staticmethod(ready))
-    results = await asyncio.gather(
-        *(pg_store.append([env(i, 1, f)]) for i, f in zip(ids, fences, strict=True)),
-        return_exceptions=True,
-    )
-    assert fired, "no batch waited for its answer: the test injected nothing"
-    for i, result in zip(ids, results, strict=True):
-        stored = await pg_store.last_sequence(i)
-        if result is None:
-            assert stored == 1, (i, result)
-        else:
-            assert isinstance(result, StorageWriteError), result
-            assert result.execution_id == i
-            assert stored == 0, (i, result)

@@ -325,8 +325,7 @@ async def test_connection_killed_before_commit_fails_the_batch_and_recovers(
         ids = [f"cut-{i}" for i in range(5)]
         fences = await asyncio.gather(*(store.acquire_fence(i) for i in ids))
         killed: list[int] = []
-        # Terminate the store's sessions at before_commit: for this batch of event writes, just
-        # before its statements go with their COMMIT (a batch of other writes: between them).
+        # Terminate the store's sessions while the batch's rows are written but not committed.
         faults.arm("before_commit", lambda point: killed.append(terminate(pg_dsn, tag)))
         results = await asyncio.gather(
             *(store.append([env(i, 0, f)]) for i, f in zip(ids, fences, strict=True)),
@@ -357,80 +356,44 @@ async def test_connection_killed_before_commit_fails_the_batch_and_recovers(
         await store.close()
 
 
-class _LoseTheAnswer:
-    """Loses the connection of the next batch once its transaction has ``committed`` (or
-    been rolled back) on the server: through the pipeline that sends a batch of event writes
-    with its COMMIT, and through the separate COMMIT of any other batch. Records which."""
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch, committed: bool) -> None:
-        self.fired: list[str] = []
-        real_run = _postgres_lean.LeanStatements.begin_and_run
-        fired = self.fired
-
-        async def begin_and_run(
-            lean: Any, statements: Any, lock_key: int | None = None, *, commit: bool = False
-        ) -> Any:
-            if not commit:
-                return await real_run(lean, statements, lock_key)
-            fired.append("pipelined")
-            await real_run(lean, statements, lock_key, commit=committed)
-            if not committed:
-                await lean.conn.execute("ROLLBACK")
-            await lean.conn.close()
-            raise psycopg.OperationalError("the answers and the COMMIT's were lost")
-
-        async def commit(self: PostgresWriter, conn: Any, batch: Any) -> bool:
-            fired.append("separate")
-            await conn.execute("COMMIT" if committed else "ROLLBACK")
-            await conn.close()
-            return await self._resolve(batch, psycopg.OperationalError("answer to COMMIT lost"))
-
-        monkeypatch.setattr(_postgres_lean.LeanStatements, "begin_and_run", begin_and_run)
-        monkeypatch.setattr(PostgresWriter, "_commit", commit)
-
-
-async def _batch_of_starts(
-    store: PostgresStore, ids: list[str], fences: list[int], mixed: bool
-) -> list[Any]:
-    """One batch appending to each of ``ids`` (with a snapshot's write in it if ``mixed``, so
-    that it commits after its statements rather than with them)."""
-    snapshot = [store.save_snapshot(Snapshot("snap", 1, {"n": 1}))] if mixed else []
-    return await asyncio.gather(
-        *(store.append([env(i, 0, f)]) for i, f in zip(ids, fences, strict=True)),
-        *snapshot,
-        return_exceptions=True,
-    )
-
-
-@pytest.mark.parametrize("mixed", [False, True], ids=["event writes", "mixed"])
 async def test_lost_ack_after_a_durable_commit_is_resolved_as_success(
-    store: PostgresStore, monkeypatch: pytest.MonkeyPatch, mixed: bool
+    store: PostgresStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """COMMIT reached the server but its answer was lost: the store checks, and acknowledges."""
+    original = PostgresWriter._commit
+
+    async def commit_then_lose(self: PostgresWriter, conn: Any, batch: Any) -> bool:
+        await conn.execute("COMMIT")
+        await conn.close()
+        return await self._resolve(batch, psycopg.OperationalError("answer to COMMIT lost"))
+
     ids = [f"acked-{i}" for i in range(4)]
     fences = await asyncio.gather(*(store.acquire_fence(i) for i in ids))
-    lose = _LoseTheAnswer(monkeypatch, committed=True)
-    results = await _batch_of_starts(store, ids, fences, mixed)
-    monkeypatch.undo()
-    assert lose.fired[:1] == (["separate"] if mixed else ["pipelined"]), lose.fired
-    assert results[: len(ids)] == [None] * len(ids), results
+    monkeypatch.setattr(PostgresWriter, "_commit", commit_then_lose)
+    await asyncio.gather(*(store.append([env(i, 0, f)]) for i, f in zip(ids, fences, strict=True)))
+    monkeypatch.setattr(PostgresWriter, "_commit", original)
     for i in ids:
         assert await store.last_sequence(i) == 0
 
 
-@pytest.mark.parametrize("mixed", [False, True], ids=["event writes", "mixed"])
 async def test_lost_commit_is_resolved_as_nothing_written(
-    store: PostgresStore, monkeypatch: pytest.MonkeyPatch, mixed: bool
+    store: PostgresStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    async def rollback_then_lose(self: PostgresWriter, conn: Any, batch: Any) -> bool:
+        await conn.execute("ROLLBACK")
+        await conn.close()
+        return await self._resolve(batch, psycopg.OperationalError("connection lost"))
+
     ids = [f"lost-{i}" for i in range(4)]
     fences = await asyncio.gather(*(store.acquire_fence(i) for i in ids))
-    lose = _LoseTheAnswer(monkeypatch, committed=False)
-    results = await _batch_of_starts(store, ids, fences, mixed)
+    monkeypatch.setattr(PostgresWriter, "_commit", rollback_then_lose)
+    results = await asyncio.gather(
+        *(store.append([env(i, 0, f)]) for i, f in zip(ids, fences, strict=True)),
+        return_exceptions=True,
+    )
     monkeypatch.undo()
-    assert lose.fired[:1] == (["separate"] if mixed else ["pipelined"]), lose.fired
-    assert all(isinstance(r, StorageWriteError) for r in results[: len(ids)]), results
+    assert all(isinstance(r, StorageWriteError) for r in results), results
     assert "nothing was written" in str(results[0])
-    assert results[0].execution_id == (None if mixed else ids[0])  # a mixed batch: one error
     for i in ids:
         assert await store.last_sequence(i) == -1
 

@@ -460,9 +460,6 @@ class PostgresWriter:
         self, conn: Conn, batch: list[PostgresWrite], lean: LeanStatements | None = None
     ) -> bool:
         encoded = self._lean_batch(batch) if lean is not None else None
-        if encoded is not None and all(r.kind in _EVENT_WRITES for r in batch):
-            assert lean is not None
-            return await self._run_and_commit(conn, batch, encoded, lean)
         if encoded is not None:
             assert lean is not None
             key = next((r.cursor_lock for r in batch if r.cursor_lock is not None), None)
@@ -495,92 +492,6 @@ class PostgresWriter:
             await conn.execute("ROLLBACK")
             return await self._run_savepoints(conn, batch)
         return await self._settle_many(conn, batch, rows)
-
-    async def _run_and_commit(
-        self,
-        conn: Conn,
-        batch: list[PostgresWrite],
-        encoded: list[tuple[bytes, list[bytes | None], tuple[int, ...]]],
-        lean: LeanStatements,
-    ) -> bool:
-        """A batch of event writes (appends, take-overs: many executions stepping at once),
-        its ``COMMIT`` in the same round trip as its statements: one round trip a batch instead
-        of two. A write the statement refused wrote nothing, so committing the rest is what
-        the separate ``COMMIT`` did; its refusal is named by reading the head afterwards. What
-        a separate ``COMMIT`` kept apart is handled here: the answers may be lost with the
-        commit (every write of the batch is then looked for), and ``before_commit`` is
-        crossed before anything is sent.
-        """
-        key = next((r.cursor_lock for r in batch if r.cursor_lock is not None), None)
-        if faults.ARMED:
-            faults.hit("before_commit")
-        try:
-            rows = await lean.begin_and_run(encoded, key, commit=True)
-        except psycopg.Error as exc:
-            if _lost(conn):
-                return await self._resolve_each(batch, exc)
-            # A statement raised (duplicate envelope id, deadlock, ...), or the COMMIT was
-            # refused: nothing is written. Replay one SAVEPOINT per request, as below.
-            if conn.pgconn.transaction_status != TransactionStatus.IDLE:
-                await conn.execute("ROLLBACK")
-            return await self._run_savepoints(conn, batch)
-        for req, row in zip(batch, rows, strict=True):
-            if self._settle(req, row):
-                await self._reread_head(conn, req)
-        return any(r.error is None for r in batch)
-
-    async def _resolve_each(self, batch: list[PostgresWrite], exc: psycopg.Error) -> bool:
-        """The connection died with a batch's statements and its ``COMMIT`` in flight, their
-        answers lost: which writes landed. Each is looked for as :meth:`_resolve` looks for
-        one (its records whole), on one connection, after share locks on every head of the
-        batch (which wait until the dead session's transaction is really gone). One found
-        proves the transaction committed; a write not found wrote nothing (refused by its
-        statement, why being lost with the answer, or not committed)."""
-        self.check_pool()
-        found = await self._probe_each(batch)
-        committed = found is not None and any(found)
-        for i, req in enumerate(batch):
-            if found is None:
-                req.error = self._write_error(
-                    "the connection was lost while committing and the outcome could not be checked",
-                    exc,
-                    outcome="unknown",
-                    hint="The write may or may not be stored: read the execution before retrying",
-                    execution_id=req.execution_id,
-                )
-            elif not found[i]:
-                what = (
-                    "the connection was lost while committing; checked: the batch committed, "
-                    "but its statement refused this write and nothing of it was written (the "
-                    "reason was lost with the answer)"
-                    if committed
-                    else "the connection was lost while committing; checked: nothing was written"
-                )
-                req.error = self._write_error(what, exc, execution_id=req.execution_id)
-        return committed
-
-    async def _probe_each(self, batch: list[PostgresWrite]) -> list[bool] | None:
-        """Whether each event write of ``batch`` is stored whole (None: it could not be
-        checked)."""
-        probes = [r.probe for r in batch]
-        if any(p is None for p in probes):
-            return None
-        eids = sorted({r.execution_id for r in batch})
-
-        async def ask(conn: psycopg.AsyncConnection[Any]) -> list[bool]:
-            await conn.execute(self._sql.probe_many_lock, (eids,))
-            found = []
-            for req, probe in zip(batch, probes, strict=True):
-                assert probe is not None
-                first, ids, sums = probe
-                cur = await conn.execute(
-                    self._sql.probe,
-                    (req.execution_id, first, first + len(sums), list(ids), list(sums)),
-                )
-                found.append(await cur.fetchone() is not None)
-            return found
-
-        return await self._ask_until_answered(ask)
 
     async def _settle_many(
         self, conn: Conn, batch: list[PostgresWrite], rows: Sequence[tuple[Any, ...] | None]

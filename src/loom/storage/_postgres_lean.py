@@ -21,11 +21,9 @@ bounded.
 
 A batch of several writes (group commit under concurrent flows) is sent the same way, in libpq's
 pipeline mode: ``BEGIN``, the change cursor's lock if a write takes it, and every statement in
-one round trip (:meth:`LeanStatements.begin_and_run`); a batch of event writes alone (steps,
-starts, take-overs: what concurrent flows write) sends its ``COMMIT`` in that round trip too,
-other batches settle each answer and commit after it. Through psycopg's pipeline each statement
-cost its own cursor, conversion and adaptation: ~30% of the client's CPU under 1,000 concurrent
-flows.
+one round trip (:meth:`LeanStatements.begin_and_run`); the writer then settles each answer and
+commits as before. Through psycopg's pipeline each statement cost its own cursor, conversion and
+adaptation: ~30% of the client's CPU under 1,000 concurrent flows.
 
 Only scalar parameters (``str``, ``int``, ``float``, ``bool``, ``None``) take this path; a
 statement with arrays or bytes, or text holding a NUL (which libpq would cut short), goes through
@@ -381,21 +379,17 @@ class LeanStatements:
         self,
         statements: Sequence[tuple[bytes, list[bytes | None], tuple[int, ...]]],
         lock_key: int | None = None,
-        *,
-        commit: bool = False,
     ) -> list[tuple[Any, ...] | None]:
         """``BEGIN``, the advisory transaction lock ``lock_key`` if any, then each of
         ``statements`` (prepared), sent at once in libpq's pipeline mode: one round trip for a
         whole batch, without psycopg's per-statement cursor, conversion and adaptation (about
         as much client CPU per statement as a lone write's whole append). Returns each
         statement's first row as :meth:`execute` does; the transaction is left open for the
-        caller to commit, or, with ``commit``, committed in the same round trip (a statement
-        that raises leaves the ``COMMIT`` unrun, the transaction aborted).
+        caller to commit.
 
         Raises the first failed statement's psycopg error (the statements after it did not
         run; the transaction is aborted and the caller rolls it back), or
-        ``psycopg.OperationalError`` if the connection was lost (without ``commit``, nothing
-        was committed; with it, the outcome is unknown).
+        ``psycopg.OperationalError`` if the connection was lost (nothing was committed).
         """
         prepared = []
         for text, _values, types in statements:
@@ -407,8 +401,7 @@ class LeanStatements:
             prepared.append(known)
         pgconn = self.conn.pgconn
         loop = asyncio.get_running_loop()
-        head = 2 if lock_key is not None else 1
-        expected = head + len(statements) + commit
+        expected = len(statements) + (2 if lock_key is not None else 1)
         pgconn.enter_pipeline_mode()
         try:
             pgconn.send_query_params(b"BEGIN", None)
@@ -418,8 +411,6 @@ class LeanStatements:
                 )
             for (name, formats), (_text, values, _types) in zip(prepared, statements, strict=True):
                 pgconn.send_query_prepared(name, values, formats)
-            if commit:
-                pgconn.send_query_params(b"COMMIT", None)
             pgconn.pipeline_sync()
             while pgconn.flush():  # the socket's buffer is full: a large batch
                 # Read while waiting to write: a server blocked sending answers into a full
@@ -463,14 +454,8 @@ class LeanStatements:
                 if isinstance(error, psycopg.errors.InvalidSqlStatementName):
                     self._names.clear()  # dropped behind our back: prepared again next time
                 raise error
-        if commit:
-            done = answers[-1]
-            if done is None or done.command_status != b"COMMIT":
-                # A COMMIT of an aborted transaction answers ROLLBACK: nothing was written.
-                status = "none" if done is None else repr(done.command_status)
-                raise psycopg.InterfaceError(f"a batch's COMMIT answered {status}")
         rows: list[tuple[Any, ...] | None] = []
-        for answer in answers[head : head + len(statements)]:
+        for answer in answers[expected - len(statements) :]:
             if answer is None or answer.status != pq.ExecStatus.TUPLES_OK:
                 status = "none" if answer is None else pq.ExecStatus(answer.status).name
                 raise psycopg.InterfaceError(f"unexpected answer to a batched write: {status}")
