@@ -19,6 +19,7 @@ from loom.errors import (
     StaleFenceError,
     StorageError,
     StorageWriteError,
+    WriteOutcome,
 )
 from loom.model import Envelope, EventType
 from loom.storage import Snapshot, Store, Timer, _postgres_lean
@@ -942,3 +943,40 @@ async def test_a_lost_lone_write_is_probed_only_once_its_transaction_is_gone(
     finally:
         await open_tx.close()
     assert await store.last_sequence("open-one") == 1
+
+
+async def test_a_batch_interrupted_mid_write_reports_its_outcome_unknown(
+    pg_dsn: str, store: PostgresStore
+) -> None:
+    """A batch task cancelled while its writes wait on the server (at shutdown, say) cannot
+    tell whether they will commit: a lone write is one autocommit statement, which the server
+    runs to its end after the connection is closed. Its callers must not be told that nothing
+    was written."""
+    ids = [f"cut-short-{i}" for i in range(4)]
+    fences = await asyncio.gather(*(store.acquire_fence(i) for i in ids))
+    await asyncio.gather(*(store.append([env(i, 0, f)]) for i, f in zip(ids, fences, strict=True)))
+    blocker = await psycopg.AsyncConnection.connect(pg_dsn)
+    try:
+        await blocker.execute(
+            f'SELECT 1 FROM "{store.schema}".heads WHERE execution_id = %s FOR UPDATE', (ids[2],)
+        )
+        calls = [
+            asyncio.ensure_future(store.append([env(i, 1, f)]))
+            for i, f in zip(ids, fences, strict=True)
+        ]
+
+        async def waiting_on_the_lock() -> bool:
+            return bool(store._writer.engine._tasks)
+
+        await until(waiting_on_the_lock, "the batch task to be writing", timeout=10, every=0.01)
+        for task in list(store._writer.engine._tasks):
+            task.cancel()
+        results = await asyncio.gather(*calls, return_exceptions=True)
+    finally:
+        await blocker.rollback()
+        await blocker.close()
+    interrupted = [r for r in results if isinstance(r, StorageWriteError)]
+    assert interrupted, results
+    for error in interrupted:
+        assert "interrupted" in str(error)
+        assert error.outcome is WriteOutcome.UNKNOWN, error

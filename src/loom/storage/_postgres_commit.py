@@ -225,9 +225,20 @@ class PostgresWriter:
                         ),
                     )
         except BaseException as exc:
+            # Interrupted mid-write (a cancelled batch task, at shutdown): its statement, or its
+            # COMMIT, may have reached the server, which runs it even after the connection is
+            # closed (a lean write closes it rather than cancel the statement); a lone write is
+            # one autocommit statement. So what it did is not known.
             self._fail_all(
                 batch,
-                self._write_error("the write was interrupted", exc, execution_id=_lone_id(batch)),
+                self._write_error(
+                    "the write was interrupted",
+                    exc,
+                    outcome="unknown",
+                    hint="The write may have reached the server before the interruption: read "
+                    "the execution before retrying",
+                    execution_id=_lone_id(batch),
+                ),
             )
             raise
         finally:
