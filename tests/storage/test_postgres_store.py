@@ -980,3 +980,54 @@ async def test_a_batch_interrupted_mid_write_reports_its_outcome_unknown(
     for error in interrupted:
         assert "interrupted" in str(error)
         assert error.outcome is WriteOutcome.UNKNOWN, error
+
+
+async def test_a_write_lost_on_the_clients_side_is_checked_once_its_backend_is_gone(
+    pg_dsn: str, store: PostgresStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The connection is lost on the client's side (a closed socket, a cut network) while the
+    server still runs the statement, waiting for the change cursor's lock before it has
+    touched any row: a check made now would find nothing, and the write would commit after
+    its caller was told that nothing was written. The check waits until that backend is gone."""
+    from loom.storage import _postgres_commit
+
+    fence = await store.acquire_fence("solo")
+    blocker = await psycopg.AsyncConnection.connect(pg_dsn)
+    await blocker.execute("SELECT pg_advisory_xact_lock(%s)", (store._cursor_lock,))
+    lost = asyncio.Event()
+    waiting = asyncio.Event()
+    real_ready = _postgres_lean.LeanStatements._ready
+    real_gone = _postgres_commit._gone
+
+    async def ready(loop: asyncio.AbstractEventLoop, fd: int, *, write: bool = False) -> None:
+        if lost.is_set() or write:
+            return await real_ready(loop, fd, write=write)
+        lost.set()
+        raise psycopg.OperationalError("the connection was lost (injected, client side)")
+
+    async def gone(conn: Any, backend: int, deadline: float) -> bool:
+        waiting.set()
+        return await real_gone(conn, backend, deadline)
+
+    monkeypatch.setattr(_postgres_lean.LeanStatements, "_ready", staticmethod(ready))
+    monkeypatch.setattr(_postgres_commit, "_gone", gone)
+    write = asyncio.ensure_future(store.append([env("solo", 0, fence)]))
+    try:
+        await lost.wait()
+        # The check either waits for the backend (then the lock is let go, and the backend
+        # commits and exits), or has already answered: either way the lock goes after it.
+        await asyncio.wait(
+            [write, asyncio.ensure_future(waiting.wait())], return_when=asyncio.FIRST_COMPLETED
+        )
+    finally:
+        await blocker.rollback()
+        await blocker.close()
+    result = await asyncio.gather(write, return_exceptions=True)
+    monkeypatch.undo()
+
+    async def settled() -> bool:  # the lost backend has run the statement to its end
+        return await store.last_sequence("solo") == 0 or result[0] is not None
+
+    await until(settled, "the lost backend to finish", timeout=10, every=0.02)
+    assert result == [None], result  # acknowledged: it committed
+    assert await store.last_sequence("solo") == 0

@@ -84,6 +84,26 @@ def _lost(conn: Conn) -> bool:
     return conn.closed or conn.broken
 
 
+async def _gone(conn: psycopg.AsyncConnection[Any], backend: int, deadline: float) -> bool:
+    """Wait (on ``conn``, in autocommit: each look sees the server as it is now) until the
+    server process ``backend`` has exited; False if it still runs at ``deadline`` (the loop's
+    clock). A process id the server reused is waited for too: that can only make the outcome
+    unknown, never wrong."""
+    loop = asyncio.get_running_loop()
+    delay = 0.005
+    while True:
+        cur = await conn.execute(
+            "SELECT 1 FROM pg_stat_activity WHERE pid = %s AND pid <> pg_backend_pid()",
+            (backend,),
+        )
+        if await cur.fetchone() is None:
+            return True
+        if loop.time() + delay >= deadline:
+            return False
+        await asyncio.sleep(delay)  # the server's state, which no event announces: polled
+        delay = min(delay * 2, 0.25)
+
+
 def _proves(req: PostgresWrite) -> bool:
     """Whether ``req``'s records being stored would prove its batch committed: an event write,
     or a take_over_many that moved a head (or whose answer, which says so, was lost)."""
@@ -286,7 +306,7 @@ class PostgresWriter:
                 except psycopg.Error as exc:
                     req = request()
                     if _lost(conn):
-                        committed = await self._resolve([req], exc)
+                        committed = await self._resolve([req], exc, conn)
                     else:
                         req.error = self._statement_error(req, exc)
                         committed = False
@@ -364,6 +384,17 @@ class PostgresWriter:
                 conn, others_writing=self.engine.others_in_flight
             )
         return lean
+
+    def _backend_of(self, conn: Conn) -> int | None:
+        """The server process of ``conn`` (also once it is closed: its lean statements noted
+        it), or None if not known."""
+        lean = self._held_lean if conn is self._held else self._pooled_lean.get(conn)
+        if lean is not None:
+            return lean.backend_pid
+        try:
+            return conn.pgconn.backend_pid or None
+        except psycopg.Error:
+            return None
 
     def _take_held(self) -> tuple[Conn, bool] | None:
         """The held connection, taken for one batch, if there is one and it is free (what
@@ -460,7 +491,7 @@ class PostgresWriter:
                 row = await cur.fetchone()
         except psycopg.Error as exc:
             if _lost(conn):
-                return await self._resolve([req], exc)
+                return await self._resolve([req], exc, conn)
             req.error = self._statement_error(req, exc)
             return False
         if self._settle(req, row):
@@ -576,7 +607,7 @@ class PostgresWriter:
             await conn.execute("COMMIT")
         except psycopg.Error as exc:
             if _lost(conn):
-                return await self._resolve(batch, exc)
+                return await self._resolve(batch, exc, conn)
             raise  # the server refused the COMMIT: it rolled back, nothing is written
         return True
 
@@ -640,7 +671,9 @@ class PostgresWriter:
         err.__cause__ = exc
         return err
 
-    async def _resolve(self, batch: list[PostgresWrite], exc: psycopg.Error) -> bool:
+    async def _resolve(
+        self, batch: list[PostgresWrite], exc: psycopg.Error, conn: Conn | None = None
+    ) -> bool:
         """The connection died while committing: find out whether the batch landed.
 
         The batch is atomic, so one append in it answers for all of it, if it is recognised
@@ -651,11 +684,15 @@ class PostgresWriter:
         stored records then are not ours, and acknowledging ours would claim a write that
         never happened. The check first takes a share lock on that execution's head row,
         which waits until the dead session's transaction (holding the row) is really gone,
-        committed or not.
+        committed or not. A connection lost on the client's side (a closed socket, a cut
+        network, a proxy) may leave its backend running the statement, before it holds any
+        row (waiting for the change cursor's lock, say, or writing a head not there yet): so
+        the check first waits until ``conn``'s backend is gone, or says the outcome is unknown.
         """
         self.check_pool()
         probe = next((r for r in batch if r.error is None and _proves(r)), None)
-        landed = None if probe is None else await self._probe(probe)
+        backend = None if conn is None else self._backend_of(conn)
+        landed = None if probe is None else await self._probe(probe, backend)
         if landed:
             return True
         if landed is None:
@@ -675,9 +712,9 @@ class PostgresWriter:
         self._fail_all(batch, err)
         return False
 
-    async def _probe(self, req: PostgresWrite) -> bool | None:
+    async def _probe(self, req: PostgresWrite, backend: int | None = None) -> bool | None:
         if req.kind == "take_over_many":
-            return await self._probe_many(req)
+            return await self._probe_many(req, backend)
         assert req.probe is not None
         first, ids, sums = req.probe
 
@@ -689,9 +726,9 @@ class PostgresWriter:
             )
             return await cur.fetchone() is not None
 
-        return await self._ask_until_answered(ask)
+        return await self._ask_until_answered(ask, backend)
 
-    async def _probe_many(self, req: PostgresWrite) -> bool | None:
+    async def _probe_many(self, req: PostgresWrite, backend: int | None = None) -> bool | None:
         """Whether a take_over_many landed, and (its answer being lost with the COMMIT's) which
         of its take-overs it wrote: those whose records are all stored, as for one append. It
         is one transaction, so one of them found proves it committed; none found means that
@@ -709,7 +746,7 @@ class PostgresWriter:
             cur = await conn.execute(self._sql.probe_many, (document,))
             return [str(row[0]) for row in await cur.fetchall()]
 
-        found = await self._ask_until_answered(ask)
+        found = await self._ask_until_answered(ask, backend)
         if found is None:
             return None
         if req.result is None:
@@ -717,10 +754,14 @@ class PostgresWriter:
         return bool(found)
 
     async def _ask_until_answered(
-        self, ask: Callable[[psycopg.AsyncConnection[Any]], Awaitable[ProbeT]]
+        self,
+        ask: Callable[[psycopg.AsyncConnection[Any]], Awaitable[ProbeT]],
+        backend: int | None = None,
     ) -> ProbeT | None:
         """``ask`` on a fresh connection, in a transaction whose lock wait ends with the
-        deadline, until it answers or ``resolve_timeout`` has passed (then None: unknown)."""
+        deadline, until it answers or ``resolve_timeout`` has passed (then None: unknown).
+        ``backend``: the lost connection's server process, waited for to be gone first (while
+        it runs, what it writes is not known yet)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.resolve_timeout
         delay = 0.05
@@ -730,11 +771,17 @@ class PostgresWriter:
                 conn = await psycopg.AsyncConnection.connect(
                     self.dsn, autocommit=True, connect_timeout=max(1, round(remaining))
                 )
-                async with conn, conn.transaction():
-                    await conn.execute(
-                        f"SET LOCAL lock_timeout = '{max(1, int(remaining * 1000))}ms'"
-                    )
-                    return await ask(conn)
+                async with conn:
+                    if backend is not None:
+                        if not await _gone(conn, backend, deadline):
+                            return None  # still running at the deadline: the outcome is unknown
+                        backend = None  # gone: a later connection need not look again
+                        remaining = deadline - loop.time()
+                    async with conn.transaction():
+                        await conn.execute(
+                            f"SET LOCAL lock_timeout = '{max(1, int(remaining * 1000))}ms'"
+                        )
+                        return await ask(conn)
             except psycopg.Error:
                 if loop.time() + delay >= deadline:
                     return None

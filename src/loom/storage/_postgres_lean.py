@@ -328,6 +328,9 @@ class LeanStatements:
         # Weakly: a writer keeps one of these per pooled connection in a WeakKeyDictionary,
         # whose entry would never go if its value held its key.
         self._conn = weakref.ref(conn)
+        #: The connection's server process, kept for after a lost answer closed it: whether
+        #: that process still runs the statement decides when its outcome can be checked.
+        self.backend_pid: int = conn.pgconn.backend_pid
         #: (name, parameter formats) of each statement prepared here, by (text, types).
         self._names: dict[tuple[bytes, tuple[int, ...]], tuple[bytes, tuple[int, ...] | None]] = {}
         self._poller: select.poll | None = None
