@@ -1031,3 +1031,52 @@ async def test_a_write_lost_on_the_clients_side_is_checked_once_its_backend_is_g
     await until(settled, "the lost backend to finish", timeout=10, every=0.02)
     assert result == [None], result  # acknowledged: it committed
     assert await store.last_sequence("solo") == 0
+
+
+async def test_a_lost_write_found_stored_is_acknowledged_while_its_backend_still_runs(
+    pg_dsn: str, store: PostgresStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found stored whole, a write is committed, whatever its lost backend does next (behind a
+    cut network it may linger until the server notices): only a write not found is waited
+    for. Here the backend is made to look as if it never went."""
+    from loom.storage import _postgres_commit
+
+    fence = await store.acquire_fence("kept")
+    warm = await store.acquire_fence("warm")
+    await store.append([env("warm", 0, warm)])  # the statement is prepared: only it is sent
+    lost = asyncio.Event()
+    looked: list[int] = []
+    real_ready = _postgres_lean.LeanStatements._ready
+    watcher = await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True)
+
+    async def ready(loop: asyncio.AbstractEventLoop, fd: int, *, write: bool = False) -> None:
+        if lost.is_set() or write:
+            return await real_ready(loop, fd, write=write)
+        lost.set()
+
+        async def stored() -> bool:
+            cur = await watcher.execute(
+                f'SELECT count(*) FROM "{store.schema}".events WHERE execution_id = %s',
+                ("kept",),
+            )
+            row = await cur.fetchone()
+            return row is not None and row[0] == 1
+
+        await until(stored, "the write to commit", timeout=10, every=0.01)
+        raise psycopg.OperationalError("the answer was lost (injected, after the commit)")
+
+    async def never_gone(conn: Any, backend: int, deadline: float) -> bool:
+        looked.append(backend)
+        return False
+
+    monkeypatch.setattr(_postgres_lean.LeanStatements, "_ready", staticmethod(ready))
+    monkeypatch.setattr(_postgres_lean, "LONE_WAIT", 0.0)  # the answer is awaited on the loop
+    monkeypatch.setattr(_postgres_commit, "_gone", never_gone)
+    try:
+        await store.append([env("kept", 0, fence)])  # acknowledged, not "outcome unknown"
+    finally:
+        monkeypatch.undo()
+        await watcher.close()
+    assert lost.is_set()
+    assert looked == []  # found at once: its backend was not waited for
+    assert await store.last_sequence("kept") == 0

@@ -691,8 +691,11 @@ class PostgresWriter:
         """
         self.check_pool()
         probe = next((r for r in batch if r.error is None and _proves(r)), None)
+        landed = None if probe is None else await self._probe(probe)
         backend = None if conn is None else self._backend_of(conn)
-        landed = None if probe is None else await self._probe(probe, backend)
+        if landed is False and probe is not None and backend is not None:
+            # Not found yet: the lost backend may still be running it. Found, it was final.
+            landed = await self._probe(probe, backend)
         if landed:
             return True
         if landed is None:
@@ -772,16 +775,18 @@ class PostgresWriter:
                     self.dsn, autocommit=True, connect_timeout=max(1, round(remaining))
                 )
                 async with conn:
+                    running = False
                     if backend is not None:
-                        if not await _gone(conn, backend, deadline):
-                            return None  # still running at the deadline: the outcome is unknown
-                        backend = None  # gone: a later connection need not look again
+                        running = not await _gone(conn, backend, deadline)
+                        backend = None  # looked for: a later connection need not look again
                         remaining = deadline - loop.time()
                     async with conn.transaction():
                         await conn.execute(
                             f"SET LOCAL lock_timeout = '{max(1, int(remaining * 1000))}ms'"
                         )
-                        return await ask(conn)
+                        answer = await ask(conn)
+                    # Still running at the deadline, its write not found: it may yet land.
+                    return None if running and not answer else answer
             except psycopg.Error:
                 if loop.time() + delay >= deadline:
                     return None
