@@ -10,13 +10,12 @@ at a time, the second one step every few milliseconds (it made ~1 step for 13 of
 from __future__ import annotations
 
 import asyncio
-import select
 
 import pytest
 
 import loom
-from loom.storage import _postgres_lean
 from loom.storage.postgres import PostgresStore
+from tests.support.pg import on_lean_poll
 
 STEPS = 80
 done_steps: dict[str, int] = {}
@@ -46,22 +45,7 @@ async def test_two_executions_stepping_side_by_side_progress_together(
     # own, or the loop would be held while the other's answer sits unseen.
     in_flight_at_poll: list[int] = []
 
-    class Poll:
-        def __init__(self) -> None:
-            self._poll = select.poll()
-
-        def register(self, fd: int, mask: int) -> None:
-            self._poll.register(fd, mask)
-
-        def poll(self, timeout: int) -> list[tuple[int, int]]:
-            in_flight_at_poll.append(store._writer.engine._inflight)
-            return self._poll.poll(timeout)
-
-    class Select:
-        POLLIN = select.POLLIN
-        poll = Poll
-
-    monkeypatch.setattr(_postgres_lean, "select", Select)
+    on_lean_poll(monkeypatch, lambda: in_flight_at_poll.append(store._writer.engine._inflight))
     runtime = loom.WorkflowRuntime(store)
     runtime.register(ticking)
     try:

@@ -5,16 +5,14 @@ long: ``test_a_lone_write_held_up_by_a_lock_leaves_the_event_loop_running``)."""
 from __future__ import annotations
 
 import math
-import select
 from typing import Any
 
 import pytest
 
 from loom.errors import ConfigurationError, StaleFenceError, StorageError
-from loom.storage import _postgres_lean
 from loom.storage.postgres import PostgresStore
 from loom.testing._store_conformance import env
-from tests.support.pg import tagged_dsn, terminate
+from tests.support.pg import on_lean_poll, tagged_dsn, terminate
 
 
 @pytest.mark.parametrize("bad", [-0.001, math.nan, math.inf, 0.0021, "soon"])
@@ -33,24 +31,10 @@ class _Sleeps:
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.count = 0
-        sleeps = self
+        on_lean_poll(monkeypatch, self._slept)
 
-        class Poll:
-            def __init__(self) -> None:
-                self._poll = select.poll()
-
-            def register(self, fd: int, mask: int) -> None:
-                self._poll.register(fd, mask)
-
-            def poll(self, timeout: int) -> list[tuple[int, int]]:
-                sleeps.count += 1
-                return self._poll.poll(timeout)
-
-        class Select:
-            POLLIN = select.POLLIN
-            poll = Poll
-
-        monkeypatch.setattr(_postgres_lean, "select", Select)
+    def _slept(self) -> None:
+        self.count += 1
 
 
 @pytest.mark.postgres

@@ -13,7 +13,7 @@ import functools
 import itertools
 import os
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 import psycopg
@@ -132,3 +132,28 @@ def terminate(dsn: str, tag: str) -> int:
             (tag,),
         ).fetchall()
     return sum(1 for (ok,) in rows if ok)
+
+
+def on_lean_poll(monkeypatch: pytest.MonkeyPatch, before_each: Callable[[], None]) -> None:
+    """Make every ``poll()`` wait of the store's lean writes (``loom.storage._postgres_lean``)
+    call ``before_each`` first: what a test counts or checks of the writes that wait there."""
+    import select
+
+    from loom.storage import _postgres_lean
+
+    class Poll:
+        def __init__(self) -> None:
+            self._poll = select.poll()
+
+        def register(self, fd: int, mask: int) -> None:
+            self._poll.register(fd, mask)
+
+        def poll(self, timeout: int) -> list[tuple[int, int]]:
+            before_each()
+            return self._poll.poll(timeout)
+
+    class Select:
+        POLLIN = select.POLLIN
+        poll = Poll
+
+    monkeypatch.setattr(_postgres_lean, "select", Select)
