@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import psycopg
@@ -22,7 +23,7 @@ from loom.errors import (
     WriteOutcome,
 )
 from loom.model import Envelope, EventType
-from loom.storage import Snapshot, Store, Timer, _postgres_lean
+from loom.storage import Snapshot, Store, Timer, _postgres_commit, _postgres_lean
 from loom.storage import postgres as postgres_module
 from loom.storage._blobs import blob_hash
 from loom.storage._postgres_commit import PostgresWriter
@@ -982,6 +983,27 @@ async def test_a_batch_interrupted_mid_write_reports_its_outcome_unknown(
         assert error.outcome is WriteOutcome.UNKNOWN, error
 
 
+def _lose_the_first_answer(
+    monkeypatch: pytest.MonkeyPatch, first: Callable[[], Awaitable[None]] | None = None
+) -> asyncio.Event:
+    """The first lean write that waits on the loop for its answer loses its connection there
+    (after ``first``, if given), on the client's side: the server goes on with the statement.
+    The event is set when that happened."""
+    lost = asyncio.Event()
+    real_ready = _postgres_lean.LeanStatements._ready
+
+    async def ready(loop: asyncio.AbstractEventLoop, fd: int, *, write: bool = False) -> None:
+        if lost.is_set() or write:
+            return await real_ready(loop, fd, write=write)
+        lost.set()
+        if first is not None:
+            await first()
+        raise psycopg.OperationalError("the connection was lost (injected, client side)")
+
+    monkeypatch.setattr(_postgres_lean.LeanStatements, "_ready", staticmethod(ready))
+    return lost
+
+
 async def test_a_write_lost_on_the_clients_side_is_checked_once_its_backend_is_gone(
     pg_dsn: str, store: PostgresStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -989,27 +1011,17 @@ async def test_a_write_lost_on_the_clients_side_is_checked_once_its_backend_is_g
     server still runs the statement, waiting for the change cursor's lock before it has
     touched any row: a check made now would find nothing, and the write would commit after
     its caller was told that nothing was written. The check waits until that backend is gone."""
-    from loom.storage import _postgres_commit
-
     fence = await store.acquire_fence("solo")
     blocker = await psycopg.AsyncConnection.connect(pg_dsn)
     await blocker.execute("SELECT pg_advisory_xact_lock(%s)", (store._cursor_lock,))
-    lost = asyncio.Event()
     waiting = asyncio.Event()
-    real_ready = _postgres_lean.LeanStatements._ready
     real_gone = _postgres_commit._gone
-
-    async def ready(loop: asyncio.AbstractEventLoop, fd: int, *, write: bool = False) -> None:
-        if lost.is_set() or write:
-            return await real_ready(loop, fd, write=write)
-        lost.set()
-        raise psycopg.OperationalError("the connection was lost (injected, client side)")
 
     async def gone(conn: Any, backend: int, deadline: float) -> bool:
         waiting.set()
         return await real_gone(conn, backend, deadline)
 
-    monkeypatch.setattr(_postgres_lean.LeanStatements, "_ready", staticmethod(ready))
+    lost = _lose_the_first_answer(monkeypatch)
     monkeypatch.setattr(_postgres_commit, "_gone", gone)
     write = asyncio.ensure_future(store.append([env("solo", 0, fence)]))
     try:
@@ -1039,37 +1051,27 @@ async def test_a_lost_write_found_stored_is_acknowledged_while_its_backend_still
     """Found stored whole, a write is committed, whatever its lost backend does next (behind a
     cut network it may linger until the server notices): only a write not found is waited
     for. Here the backend is made to look as if it never went."""
-    from loom.storage import _postgres_commit
-
     fence = await store.acquire_fence("kept")
     warm = await store.acquire_fence("warm")
     await store.append([env("warm", 0, warm)])  # the statement is prepared: only it is sent
-    lost = asyncio.Event()
     looked: list[int] = []
-    real_ready = _postgres_lean.LeanStatements._ready
     watcher = await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True)
 
-    async def ready(loop: asyncio.AbstractEventLoop, fd: int, *, write: bool = False) -> None:
-        if lost.is_set() or write:
-            return await real_ready(loop, fd, write=write)
-        lost.set()
+    async def stored() -> bool:
+        cur = await watcher.execute(
+            f'SELECT count(*) FROM "{store.schema}".events WHERE execution_id = %s', ("kept",)
+        )
+        row = await cur.fetchone()
+        return row is not None and row[0] == 1
 
-        async def stored() -> bool:
-            cur = await watcher.execute(
-                f'SELECT count(*) FROM "{store.schema}".events WHERE execution_id = %s',
-                ("kept",),
-            )
-            row = await cur.fetchone()
-            return row is not None and row[0] == 1
-
+    async def committed() -> None:  # the answer is lost after the commit
         await until(stored, "the write to commit", timeout=10, every=0.01)
-        raise psycopg.OperationalError("the answer was lost (injected, after the commit)")
 
     async def never_gone(conn: Any, backend: int, deadline: float) -> bool:
         looked.append(backend)
         return False
 
-    monkeypatch.setattr(_postgres_lean.LeanStatements, "_ready", staticmethod(ready))
+    lost = _lose_the_first_answer(monkeypatch, committed)
     monkeypatch.setattr(_postgres_lean, "LONE_WAIT", 0.0)  # the answer is awaited on the loop
     monkeypatch.setattr(_postgres_commit, "_gone", never_gone)
     try:

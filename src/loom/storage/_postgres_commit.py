@@ -386,15 +386,10 @@ class PostgresWriter:
         return lean
 
     def _backend_of(self, conn: Conn) -> int | None:
-        """The server process of ``conn`` (also once it is closed: its lean statements noted
-        it), or None if not known."""
+        """The server process of ``conn``, as its lean statements noted it (a lost connection
+        no longer tells it: psycopg answers 0 once it is broken or closed); None if unknown."""
         lean = self._held_lean if conn is self._held else self._pooled_lean.get(conn)
-        if lean is not None:
-            return lean.backend_pid
-        try:
-            return conn.pgconn.backend_pid or None
-        except psycopg.Error:
-            return None
+        return None if lean is None else lean.backend_pid or None
 
     def _take_held(self) -> tuple[Conn, bool] | None:
         """The held connection, taken for one batch, if there is one and it is free (what
