@@ -33,6 +33,10 @@ class LoopShare:
         """Whether the next write should first let the loop run."""
         return time.monotonic() >= self._next
 
+    def hurry(self) -> None:
+        """Make the next write let the loop run first: something it watches is ready now."""
+        self._next = 0.0
+
     async def turn(self) -> None:
         """Let the loop run its other ready tasks once."""
         await asyncio.sleep(0)

@@ -9,15 +9,18 @@ encoded straight to text, and the answer is awaited on one reader callback.
 
 When nothing else is ready to run on the event loop and no other write of the store is in flight
 on another connection (one execution stepping: the common case), the answer is first waited for
-in ``poll()``, for at most :data:`LONE_WAIT` (and never past the
-loop's next timer; a write first lets the loop take a pass once every ``SHARE_LOOP_EVERY``, as
-the other stores' writes do, so other tasks' I/O is never left unseen for longer than that): a
-commit's answer usually comes well within it, and waiting on the loop
-instead (a future, the reader's registration, two loop iterations) costs about as much client
-CPU and wall time again as the rest of the round trip. Whatever becomes ready meanwhile waits at
-most that long; an answer that takes longer (a lock wait, a slow server) is awaited on the loop
-as before. SQLite's lone write blocks the loop for its whole commit; this is the same idea,
-bounded.
+in ``poll()``, for at most :data:`LONE_WAIT` (and never past the loop's next timer): a commit's
+answer usually comes well within it, and waiting on the loop instead (a future, the reader's
+registration, two loop iterations) costs about as much client CPU and wall time again as the
+rest of the round trip. The same ``poll()`` watches the loop's own selector (epoll, kqueue),
+whose descriptor is readable while anything the loop watches is ready: a read's answer on
+another connection, a request to an HTTP worker, another store's write, a thread's result. It
+ends the wait at once, the answer is then awaited on the loop beside it, and the next write
+first lets the loop run. So the loop is held only while nothing else has anything to do. (A
+write still lets the loop take a pass once every ``SHARE_LOOP_EVERY``, as the other stores'
+writes do; on a loop without such a descriptor, uvloop's say, that pass and the budget are what
+bound the wait of other I/O.) An answer that takes longer than the budget (a lock wait, a slow server) is awaited on the loop.
+SQLite's lone write blocks the loop for its whole commit; this is the same idea, bounded.
 
 A batch of several writes (group commit under concurrent flows) is sent the same way, in libpq's
 pipeline mode: ``BEGIN``, the change cursor's lock if a write takes it, and every statement in
@@ -283,6 +286,20 @@ def _idle_budget(loop: asyncio.AbstractEventLoop) -> float:
     return LONE_WAIT
 
 
+def _selector_fd(loop: asyncio.AbstractEventLoop) -> int | None:
+    """The file descriptor of the loop's selector, if it has one (asyncio's selector loop on
+    epoll or kqueue); None otherwise (a poll or select selector, uvloop, a proactor)."""
+    selector = getattr(loop, "_selector", None)
+    fileno = getattr(selector, "fileno", None)
+    if fileno is None:
+        return None
+    try:
+        fd = fileno()
+    except (OSError, ValueError):  # closed
+        return None
+    return fd if isinstance(fd, int) and fd >= 0 else None
+
+
 async def forget_prepared(conn: Conn) -> None:
     """Make psycopg forget the statements it prepared on ``conn`` (they were dropped behind
     its back, and it would keep naming them): it clears its cache when it sees a
@@ -333,7 +350,12 @@ class LeanStatements:
         self.backend_pid: int = conn.pgconn.backend_pid
         #: (name, parameter formats) of each statement prepared here, by (text, types).
         self._names: dict[tuple[bytes, tuple[int, ...]], tuple[bytes, tuple[int, ...] | None]] = {}
-        self._poller: select.poll | None = None
+        #: The poll() a lone write waits in: this connection's socket and, where the loop's
+        #: selector has a file descriptor of its own (epoll, kqueue), that one too, so the
+        #: wait ends as soon as anything the loop watches is ready (see _answer).
+        self._poller: (
+            tuple[weakref.ref[asyncio.AbstractEventLoop], select.poll, int | None] | None
+        ) = None
         #: When the next write first lets the loop run (see execute).
         self.loop_share = LoopShare()
 
@@ -517,16 +539,24 @@ class LeanStatements:
                         budget -= time.monotonic() - started
                         continue
                     if budget > 0:
-                        poller = self._poller
-                        if poller is None:
-                            poller = self._poller = select.poll()
-                            poller.register(pgconn.socket, select.POLLIN)
+                        poller, loop_fd = self._poller_for(loop, pgconn.socket)
                         started = time.monotonic()
-                        if poller.poll(math.ceil(budget * 1000)):
+                        ready = poller.poll(math.ceil(budget * 1000))
+                        if not ready:
+                            budget = 0.0  # spent: the rest is awaited on the loop
+                        else:
                             budget -= time.monotonic() - started
-                            pgconn.consume_input()
-                            continue
-                        budget = 0.0  # spent: the rest is awaited on the loop
+                            if loop_fd is not None and any(fd == loop_fd for fd, _ in ready):
+                                # Something the loop watches is ready: another connection's
+                                # answer (a read, a timer claim, another store's write), a
+                                # request to an HTTP worker, a thread's result. It gets the
+                                # loop now, with this answer if it is still to come, and the
+                                # next write lets the loop run first if this one is in.
+                                budget = 0.0
+                                self.loop_share.hurry()
+                            if any(fd != loop_fd for fd, _ in ready):
+                                pgconn.consume_input()
+                                continue
                     await self._ready(loop, pgconn.socket)
                     pgconn.consume_input()
                     continue
@@ -547,6 +577,25 @@ class LeanStatements:
             statuses = [pq.ExecStatus(r.status).name for r in results]
             raise psycopg.InterfaceError(f"unexpected answer to a write: {statuses}")
         return results[0]
+
+    def _poller_for(
+        self, loop: asyncio.AbstractEventLoop, sock: int
+    ) -> tuple[select.poll, int | None]:
+        """The poll() for a lone wait on ``loop``, and the loop's selector's fd in it (or None:
+        a loop without one, uvloop's say, whose other I/O then waits out the budget)."""
+        known = self._poller
+        if known is not None and known[0]() is loop:
+            return known[1], known[2]
+        poller = select.poll()
+        poller.register(sock, select.POLLIN)
+        loop_fd = _selector_fd(loop)
+        if loop_fd is not None:
+            # An epoll (or kqueue) descriptor is readable while any file registered in it is
+            # ready: the loop's sockets, and its self-pipe (call_soon_threadsafe, a thread's
+            # result). Timers are not in it: the budget already stops at the next one.
+            poller.register(loop_fd, select.POLLIN)
+        self._poller = (weakref.ref(loop), poller, loop_fd)
+        return poller, loop_fd
 
     @staticmethod
     async def _readable_or_writable(loop: asyncio.AbstractEventLoop, fd: int) -> bool:
