@@ -33,7 +33,7 @@ from typing import Any, Literal, TypeVar
 
 import psycopg
 import psycopg.errors
-from psycopg.pq import TransactionStatus
+from psycopg.pq import PipelineStatus, TransactionStatus
 from psycopg_pool import AsyncConnectionPool
 
 from loom import faults
@@ -80,8 +80,32 @@ class PostgresWrite(WriteRequest):
     lean: tuple[bytes, list[bytes | None], tuple[int, ...]] | None = None
 
 
-def _lost(conn: Conn) -> bool:
-    return conn.closed or conn.broken
+#: The server ended the session (an operator's pg_terminate_backend, a shutdown, a crash
+#: restart, the database dropped, an idle-session timeout): class 57P.
+_SESSION_ENDED = frozenset({"57P01", "57P02", "57P03", "57P04", "57P05"})
+
+
+def _lost(conn: Conn, exc: BaseException | None = None) -> bool:
+    """Whether ``conn`` is gone: closed or broken, or (given the error ``exc`` that a statement
+    on it raised) ended by the server or left in libpq's pipeline mode.
+
+    A server ending the session answers the statement in flight with its FATAL error first and
+    closes the socket after, so libpq can report the error before it has read the end of the
+    stream: the connection then still looks usable. Taken for a plain statement error, the
+    batch was rolled back on a dead connection (and failed with that error instead), and a
+    pipeline that could not be left went back to the pool mid-answer."""
+    if conn.closed or conn.broken:
+        return True
+    if exc is None:
+        return False
+    for error in (exc, exc.__context__):
+        if isinstance(error, psycopg.Error) and (
+            error.sqlstate in _SESSION_ENDED
+            or (error.sqlstate or "").startswith("08")  # connection exception
+            or error.diag.severity_nonlocalized in ("FATAL", "PANIC")
+        ):
+            return True
+    return conn.pgconn.pipeline_status != PipelineStatus.OFF
 
 
 async def _gone(conn: psycopg.AsyncConnection[Any], backend: int, deadline: float) -> bool:
@@ -305,7 +329,7 @@ class PostgresWriter:
                     row = await statements.execute(*lean)
                 except psycopg.Error as exc:
                     req = request()
-                    if _lost(conn):
+                    if _lost(conn, exc):
                         committed = await self._resolve([req], exc, conn)
                     else:
                         req.error = self._statement_error(req, exc)
@@ -433,10 +457,18 @@ class PostgresWriter:
             await conn.close()
             return
         if failed and not _lost(conn):
-            try:
-                await conn.rollback()  # what the pool's own connection() does on an error
-            except psycopg.Error:
-                pass
+            if (
+                conn.pgconn.transaction_status == TransactionStatus.ACTIVE
+                or conn.pgconn.pipeline_status != PipelineStatus.OFF
+            ):
+                # Mid-answer, or left in pipeline mode (a session the server ended): no
+                # rollback mends it. Closed, the pool drops it (it would warn, then close it).
+                await conn.close()
+            else:
+                try:
+                    await conn.rollback()  # what the pool's own connection() does on an error
+                except psycopg.Error:
+                    pass
         await pool.putconn(conn)
 
     async def _return_held(self) -> None:
@@ -485,7 +517,7 @@ class PostgresWriter:
                     await cur.execute(req.sql, req.params, prepare=True)
                 row = await cur.fetchone()
         except psycopg.Error as exc:
-            if _lost(conn):
+            if _lost(conn, exc):
                 return await self._resolve([req], exc, conn)
             req.error = self._statement_error(req, exc)
             return False
@@ -502,8 +534,8 @@ class PostgresWriter:
             key = next((r.cursor_lock for r in batch if r.cursor_lock is not None), None)
             try:
                 rows = await lean.begin_and_run(encoded, key)
-            except psycopg.Error:
-                if _lost(conn):
+            except psycopg.Error as exc:
+                if _lost(conn, exc):
                     raise  # no COMMIT was sent: nothing is written; _run_batch fails every caller
                 # As below: replay the batch one SAVEPOINT per request (after a dropped
                 # prepared statement too: the savepoints go through psycopg).
@@ -521,8 +553,8 @@ class PostgresWriter:
                     cursors.append(cur)
                 await pipeline.sync()
                 rows = [await cur.fetchone() for cur in cursors]
-        except psycopg.Error:
-            if _lost(conn):
+        except psycopg.Error as exc:
+            if _lost(conn, exc):
                 raise  # no COMMIT was sent: nothing is written; _run_batch fails every caller
             # A statement raised (duplicate envelope id, deadlock, ...): replay the batch one
             # SAVEPOINT per request so that only that request fails.
@@ -565,7 +597,7 @@ class PostgresWriter:
                 cur = await conn.execute(req.sql, req.params)
                 row = await cur.fetchone()
             except psycopg.Error as exc:
-                if _lost(conn):
+                if _lost(conn, exc):
                     raise
                 await conn.execute("ROLLBACK TO SAVEPOINT loom_request")
                 req.error = self._statement_error(req, exc)
@@ -601,7 +633,7 @@ class PostgresWriter:
         try:
             await conn.execute("COMMIT")
         except psycopg.Error as exc:
-            if _lost(conn):
+            if _lost(conn, exc):
                 return await self._resolve(batch, exc, conn)
             raise  # the server refused the COMMIT: it rolled back, nothing is written
         return True
@@ -685,6 +717,10 @@ class PostgresWriter:
         the check first waits until ``conn``'s backend is gone, or says the outcome is unknown.
         """
         self.check_pool()
+        if conn is not None and not conn.closed:
+            # Ended by the server, though libpq has not seen the end of it yet (see _lost):
+            # closed now, so that no later write is sent on it. Its backend is known already.
+            await conn.close()
         probe = next((r for r in batch if r.error is None and _proves(r)), None)
         landed = None if probe is None else await self._probe(probe)
         backend = None if conn is None else self._backend_of(conn)

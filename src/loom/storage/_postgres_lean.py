@@ -19,8 +19,9 @@ ends the wait at once, the answer is then awaited on the loop beside it, and the
 first lets the loop run. So the loop is held only while nothing else has anything to do. (A
 write still lets the loop take a pass once every ``SHARE_LOOP_EVERY``, as the other stores'
 writes do; on a loop without such a descriptor, uvloop's say, that pass and the budget are what
-bound the wait of other I/O.) An answer that takes longer than the budget (a lock wait, a slow server) is awaited on the loop.
-SQLite's lone write blocks the loop for its whole commit; this is the same idea, bounded.
+bound the wait of other I/O.) An answer that takes longer than the budget (a lock wait, a slow
+server) is awaited on the loop. SQLite's lone write blocks the loop for its whole commit; this
+is the same idea, bounded.
 
 A batch of several writes (group commit under concurrent flows) is sent the same way, in libpq's
 pipeline mode: ``BEGIN``, the change cursor's lock if a write takes it, and every statement in
@@ -544,17 +545,19 @@ class LeanStatements:
                         ready = poller.poll(math.ceil(budget * 1000))
                         if not ready:
                             budget = 0.0  # spent: the rest is awaited on the loop
-                        else:
+                        elif len(ready) == 1 and ready[0][0] != loop_fd:  # the answer alone
                             budget -= time.monotonic() - started
-                            if loop_fd is not None and any(fd == loop_fd for fd, _ in ready):
-                                # Something the loop watches is ready: another connection's
-                                # answer (a read, a timer claim, another store's write), a
-                                # request to an HTTP worker, a thread's result. It gets the
-                                # loop now, with this answer if it is still to come, and the
-                                # next write lets the loop run first if this one is in.
-                                budget = 0.0
-                                self.loop_share.hurry()
-                            if any(fd != loop_fd for fd, _ in ready):
+                            pgconn.consume_input()
+                            continue
+                        else:
+                            # Something the loop watches is ready: another connection's answer
+                            # (a read, a timer claim, another store's write), a request to an
+                            # HTTP worker, a thread's result. It gets the loop now, with this
+                            # answer if it is still to come, and the next write lets the loop
+                            # run first if this one is in.
+                            budget = 0.0
+                            self.loop_share.hurry()
+                            if len(ready) > 1:  # the answer too
                                 pgconn.consume_input()
                                 continue
                     await self._ready(loop, pgconn.socket)
