@@ -5,22 +5,19 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import logging
 import time
 from collections.abc import Sequence
 from typing import Any
 
 import psycopg
 import pytest
-from psycopg import pq
 
-from loom.errors import DuplicateEnvelopeIdError, StaleFenceError, StorageWriteError
+from loom.errors import DuplicateEnvelopeIdError, StaleFenceError
 from loom.model import EventType
 from loom.storage import Snapshot
 from loom.storage._postgres_lean import LeanStatements
 from loom.storage.postgres import PostgresStore
 from loom.testing._store_conformance import env
-from tests.support.poll import until
 
 pytestmark = pytest.mark.postgres
 
@@ -308,70 +305,3 @@ async def test_a_batch_with_one_indexed_write_takes_the_cursor_lock(
     )
     assert pipelines.calls == [(len(stepping) + 1, pg_store._cursor_lock, "ok")]
     assert await pg_store.last_sequence(new) == 0
-
-
-async def test_a_batch_whose_session_the_server_ends_fails_alone_and_its_connection_goes(
-    pg_dsn: str,
-    pg_store: PostgresStore,
-    monkeypatch: pytest.MonkeyPatch,
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    """Two-event appends batch in psycopg's pipeline (their rows are arrays). An operator's
-    ``pg_terminate_backend`` ends the batch's session after its statements have answered,
-    before the pipeline is left: the server's FATAL error comes before libpq has read the end
-    of the stream, so the connection still looks usable, and psycopg cannot leave pipeline
-    mode. The batch fails as a lost connection (nothing was committed) and the connection is
-    closed: not rolled back in place (which failed with a pipeline error instead), nor handed
-    to the pool mid-answer (which warned "closing returned connection ... pipeline=ABORTED")."""
-    ids = [f"ended-{i}" for i in range(6)]
-    fences = await _started(pg_store, ids)
-    admin = await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True)
-    ended: list[int] = []
-    real_fetchone = psycopg.AsyncCursor.fetchone
-
-    async def fetchone(cur: psycopg.AsyncCursor[Any]) -> Any:
-        row = await real_fetchone(cur)
-        conn = cur.connection
-        if not ended and conn.pgconn.pipeline_status != pq.PipelineStatus.OFF:
-            backend = conn.info.backend_pid
-            await admin.execute("SELECT pg_terminate_backend(%s)", (backend,))
-
-            async def gone() -> bool:
-                found = await admin.execute(
-                    "SELECT 1 FROM pg_stat_activity WHERE pid = %s", (backend,)
-                )
-                return await found.fetchone() is None
-
-            await until(gone, "the ended session's backend to exit", timeout=10)
-            ended.append(backend)
-        return row
-
-    monkeypatch.setattr(psycopg.AsyncCursor, "fetchone", fetchone)
-    try:
-        with caplog.at_level(logging.WARNING, logger="psycopg"):
-            results = await asyncio.gather(
-                *(
-                    pg_store.append([env(i, 1, f), env(i, 2, f)])
-                    for i, f in zip(ids, fences, strict=True)
-                ),
-                return_exceptions=True,
-            )
-    finally:
-        monkeypatch.undo()
-        await admin.close()
-    assert ended, "no batch ran in psycopg's pipeline: the test saw nothing"
-    failed = [r for r in results if r is not None]
-    assert failed, results
-    for i, result in zip(ids, results, strict=True):
-        if result is None:
-            assert await pg_store.last_sequence(i) == 2
-            continue
-        assert isinstance(result, StorageWriteError), result
-        assert result.outcome.value == "not_applied", result
-        assert await pg_store.last_sequence(i) == 0  # nothing of the batch was committed
-    assert not [r.getMessage() for r in caplog.records if "returned connection" in r.getMessage()]
-    # The store writes on: the next append of each failed execution commits.
-    for i, f, result in zip(ids, fences, results, strict=True):
-        if result is not None:
-            await pg_store.append([env(i, 1, f), env(i, 2, f)])
-            assert await pg_store.last_sequence(i) == 2
