@@ -68,11 +68,11 @@ async def test_writers_arriving_meanwhile_queue_behind_it_and_share_a_commit(
     answer = _postgres_lean.LeanStatements._answer
     sent, go_on = asyncio.Event(), asyncio.Event()
 
-    async def held_back(self: Any, expected: Any) -> Any:
+    async def held_back(self: Any, expected: Any, loop: Any = None) -> Any:
         if not go_on.is_set():
             sent.set()
             await go_on.wait()  # the statement is sent; its answer is read after the others queue
-        return await answer(self, expected)
+        return await answer(self, expected, loop)
 
     monkeypatch.setattr(_postgres_lean.LeanStatements, "_answer", held_back)
     # The pool's own start-up callbacks must not make the lone write look accompanied.
@@ -116,10 +116,10 @@ async def test_a_cancelled_lone_append_is_a_cancel_and_the_store_goes_on(
     answer = _postgres_lean.LeanStatements._answer
     sent = asyncio.Event()
 
-    async def never(self: Any, expected: Any) -> Any:
+    async def never(self: Any, expected: Any, loop: Any = None) -> Any:
         sent.set()
         await asyncio.Event().wait()  # cancelled here, the statement sent
-        return await answer(self, expected)
+        return await answer(self, expected, loop)
 
     monkeypatch.setattr(_postgres_lean.LeanStatements, "_answer", never)
     write = asyncio.ensure_future(store.append([env("c", 2, fence)]))

@@ -450,8 +450,8 @@ async def test_a_lone_write_whose_answer_is_lost_is_recognised_though_records_fo
     racer = await PostgresStore.open(pg_dsn, schema=schema)  # another process's store
     answer = _postgres_lean.LeanStatements._answer
 
-    async def commit_then_lose(self: Any, expected: Any) -> Any:
-        result = await answer(self, expected)
+    async def commit_then_lose(self: Any, expected: Any, loop: Any = None) -> Any:
+        result = await answer(self, expected, loop)
         if self.conn is not store._writer._held or expected != pq.ExecStatus.TUPLES_OK:
             return result  # the racer's own writes, or a statement being prepared
         taker = await racer.acquire_fence("landed")

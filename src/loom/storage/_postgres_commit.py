@@ -326,7 +326,7 @@ class PostgresWriter:
                     if faults.ARMED:
                         faults.hit("before_append")
                         faults.hit("before_commit")  # one autocommit statement: see _run_single
-                    row = await statements.execute(*lean)
+                    row = await statements.execute(*lean, loop=loop)
                 except psycopg.Error as exc:
                     req = request()
                     if _lost(conn, exc):

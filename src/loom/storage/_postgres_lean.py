@@ -369,10 +369,17 @@ class LeanStatements:
         return conn
 
     async def execute(
-        self, text: bytes, values: list[bytes | None], types: tuple[int, ...]
+        self,
+        text: bytes,
+        values: list[bytes | None],
+        types: tuple[int, ...],
+        *,
+        loop: asyncio.AbstractEventLoop | None = None,
     ) -> tuple[Any, ...] | None:
         """Run one prepared statement; return its first row (its first column as an int: every
         write statement answers with a count or a number), or None if it returned no row.
+        ``loop``: the running loop, if the caller has it at hand (on Python 3.11 asking for it
+        is a getpid() system call, 0.7 µs on this project's VM).
 
         Raises the psycopg error of a failed statement (nothing of it was written), or
         ``psycopg.OperationalError`` if the connection was lost (the outcome is then unknown).
@@ -390,7 +397,7 @@ class LeanStatements:
         try:
             name, formats = prepared
             self.conn.pgconn.send_query_prepared(name, values, formats)
-            result = await self._answer(pq.ExecStatus.TUPLES_OK)
+            result = await self._answer(pq.ExecStatus.TUPLES_OK, loop)
         except psycopg.errors.InvalidSqlStatementName:
             # Dropped behind our back since we prepared it; the statement never ran.
             self._names.clear()
@@ -513,10 +520,13 @@ class LeanStatements:
         self.conn.pgconn.send_query_prepared(name, values, formats)
         return await self._answer(pq.ExecStatus.TUPLES_OK)
 
-    async def _answer(self, expected: pq.ExecStatus) -> pq.abc.PGresult:
+    async def _answer(
+        self, expected: pq.ExecStatus, loop: asyncio.AbstractEventLoop | None = None
+    ) -> pq.abc.PGresult:
         """Flush what was sent and collect the answer (one result, then the end of it)."""
         pgconn = self.conn.pgconn
-        loop = asyncio.get_running_loop()
+        if loop is None:
+            loop = asyncio.get_running_loop()
         try:
             while pgconn.flush():  # rare: the socket's buffer is full
                 await self._ready(loop, pgconn.socket, write=True)
