@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import psycopg
 import pytest
 
 from loom.errors import StaleFenceError
@@ -136,3 +137,48 @@ async def test_a_cancelled_lone_append_is_a_cancel_and_the_store_goes_on(
     await store.append([env("c", nxt, fence)])
     assert [e.sequence for e in await store.read("c")] == list(range(nxt + 1))
     assert not store._writer._held_busy
+
+
+async def test_a_cancelled_lone_append_waiting_on_a_lock_is_stopped_on_the_server(
+    pg_dsn: str, pg_store: Any
+) -> None:
+    """A lone append is one autocommit statement. Cancelled while the server has it waiting on
+    a lock (a racer's open transaction holds the head row), it must not run on: closing the
+    socket alone does not stop a backend waiting on a lock, and the statement would commit
+    when the lock came, after its caller was told it was cancelled. A cancel request stops it."""
+    store: PostgresStore = pg_store
+    fence = await _started(store, "locked")
+    locker = await psycopg.AsyncConnection.connect(pg_dsn)
+    admin = await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True)
+    try:
+        await locker.execute(
+            f"SELECT 1 FROM {store.schema}.heads WHERE execution_id = 'locked' FOR UPDATE"
+        )
+        write = asyncio.ensure_future(store.append([env("locked", 1, fence)]))
+
+        async def blocked() -> int | None:
+            cur = await admin.execute(
+                "SELECT pid FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))",
+                (locker.info.backend_pid,),
+            )
+            row = await cur.fetchone()
+            return None if row is None else int(row[0])
+
+        backend = await until(blocked, "the append to wait on the locked head", timeout=10)
+        write.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await write
+
+        async def stopped() -> bool:  # its backend no longer waits on the lock
+            return await blocked() is None
+
+        await until(stopped, "the cancelled append's statement to stop", timeout=10)
+        cur = await admin.execute("SELECT state FROM pg_stat_activity WHERE pid = %s", (backend,))
+        assert (await cur.fetchone() or ("gone",))[0] != "active"
+    finally:
+        await locker.rollback()  # the lock goes: a statement still waiting would commit now
+        await locker.close()
+        await admin.close()
+    assert await store.last_sequence("locked") == 0
+    await store.append([env("locked", 1, fence)])  # the store goes on, on a new connection
+    assert await store.last_sequence("locked") == 1

@@ -270,9 +270,9 @@ class PostgresWriter:
                     )
         except BaseException as exc:
             # Interrupted mid-write (a cancelled batch task, at shutdown): its statement, or its
-            # COMMIT, may have reached the server, which runs it even after the connection is
-            # closed (a lean write closes it rather than cancel the statement); a lone write is
-            # one autocommit statement. So what it did is not known.
+            # COMMIT, may have reached the server and run to its end before the cancel request
+            # a lean write sends (or the closed socket) could stop it; a lone write is one
+            # autocommit statement. So what it did is not known.
             self._fail_all(
                 batch,
                 self._write_error(

@@ -62,6 +62,9 @@ __all__ = ["LONE_WAIT", "LeanStatements", "PlainAppend", "forget_prepared", "lea
 #: Seconds a lone write may wait for its answer without yielding the event loop (see above).
 LONE_WAIT = 0.002
 
+#: Seconds a cancel request for an abandoned lone write may take (see LeanStatements._abandon).
+CANCEL_TIMEOUT = 2.0
+
 _PLACEHOLDER = re.compile(r"%\((\w+)\)s|%s|%%")
 
 # Parameter types sent with the PREPARE: the server then needs no inference (an untyped integer
@@ -285,6 +288,11 @@ def _idle_budget(loop: asyncio.AbstractEventLoop) -> float:
         due: float = scheduled[0].when()
         return min(LONE_WAIT, due - loop.time())
     return LONE_WAIT
+
+
+def _retrieved(task: asyncio.Future[None]) -> None:
+    if not task.cancelled():
+        task.exception()
 
 
 def _selector_fd(loop: asyncio.AbstractEventLoop) -> int | None:
@@ -577,11 +585,16 @@ class LeanStatements:
                 if result is None:
                     break
                 results.append(result)
-        except BaseException:
+        except BaseException as exc:
             # Cancelled or failed with a statement in flight: the connection cannot be reused
-            # (psycopg would find it mid-answer), so it is closed and the pool drops it.
+            # (psycopg would find it mid-answer), so it is closed and the pool drops it. A
+            # cancelled one is stopped on the server first; a failed one (a lost connection)
+            # is left to the store's check of a lost write, which waits for its backend.
             if pgconn.transaction_status == pq.TransactionStatus.ACTIVE:
-                await self.conn.close()
+                if isinstance(exc, Exception):
+                    await self.conn.close()
+                else:
+                    await self._abandon()
             raise
         for result in results:
             if result.status == pq.ExecStatus.FATAL_ERROR:
@@ -590,6 +603,32 @@ class LeanStatements:
             statuses = [pq.ExecStatus(r.status).name for r in results]
             raise psycopg.InterfaceError(f"unexpected answer to a write: {statuses}")
         return results[0]
+
+    async def _abandon(self) -> None:
+        """Stop the statement in flight, whose caller was cancelled, with a cancel request;
+        then close the connection.
+
+        Closing alone leaves the server running it: a backend waiting on a lock does not
+        notice a closed socket, and its autocommit statement would commit whenever the lock
+        came, long after its caller gave up (a cancelled step, a shutdown). The request is
+        bounded by :data:`CANCEL_TIMEOUT` and may lose the race with a commit already under
+        way: the write's outcome stays unknown either way, but it no longer runs on."""
+        conn = self.conn
+        if conn.pgconn.status != pq.ConnStatus.OK:
+            # Lost: the server ended it, or the network did, and a request would most likely
+            # wait out its bound for nothing. The store's check of a lost write covers this.
+            await conn.close()
+            return
+        # Its own task, shielded: a second cancel of the caller stops the wait, not the request
+        # (whose failure is then retrieved by the callback, never logged as unretrieved).
+        request = asyncio.ensure_future(conn.cancel_safe(timeout=CANCEL_TIMEOUT))
+        request.add_done_callback(_retrieved)
+        try:
+            await asyncio.shield(request)
+        except Exception:
+            pass  # best effort: the server unreachable, or not answering within the bound
+        finally:
+            await conn.close()
 
     def _poller_for(
         self, loop: asyncio.AbstractEventLoop, sock: int
