@@ -1113,6 +1113,15 @@ async def test_an_error_saying_the_server_ended_the_session_counts_as_a_lost_con
                 raise psycopg.OperationalError("cannot exit pipeline mode while busy")  # noqa: B904
         except psycopg.Error as leaving:
             assert _postgres_commit._lost(conn, leaving)
+        # A statement's own error raised while the caller handles a session error of another
+        # connection carries that one as its context: it says nothing of this connection.
+        try:
+            try:
+                raise psycopg.errors.AdminShutdown("another connection's session ended")
+            except psycopg.Error:
+                raise psycopg.errors.UniqueViolation("duplicate")  # noqa: B904
+        except psycopg.Error as own:
+            assert not _postgres_commit._lost(conn, own)
         assert not conn.broken  # the connection itself never looked lost
     finally:
         await conn.close()

@@ -85,7 +85,7 @@ class PostgresWrite(WriteRequest):
 _SESSION_ENDED = frozenset({"57P01", "57P02", "57P03", "57P04", "57P05"})
 
 
-def _lost(conn: Conn, exc: BaseException | None = None) -> bool:
+def _lost(conn: Conn, exc: psycopg.Error | None = None) -> bool:
     """Whether ``conn`` is gone: closed or broken, or (given the error ``exc`` that a statement
     on it raised) ended by the server or left in libpq's pipeline mode.
 
@@ -98,7 +98,11 @@ def _lost(conn: Conn, exc: BaseException | None = None) -> bool:
         return True
     if exc is None:
         return False
-    for error in (exc, exc.__context__):
+    # The context only of an error the server did not send (psycopg's own, leaving a pipeline
+    # after the FATAL answer): a statement's error raised while the caller itself handles a
+    # session error elsewhere carries that one as its context too, and says nothing of this
+    # connection.
+    for error in (exc,) if exc.sqlstate else (exc, exc.__context__):
         if isinstance(error, psycopg.Error) and (
             error.sqlstate in _SESSION_ENDED
             or (error.sqlstate or "").startswith("08")  # connection exception
@@ -462,7 +466,8 @@ class PostgresWriter:
                 or conn.pgconn.pipeline_status != PipelineStatus.OFF
             ):
                 # Mid-answer, or left in pipeline mode (a session the server ended): no
-                # rollback mends it. Closed, the pool drops it (it would warn, then close it).
+                # rollback mends it. Closed, the pool discards it (handed back open, it would
+                # warn that it found it mid-answer, then close it).
                 await conn.close()
             else:
                 try:

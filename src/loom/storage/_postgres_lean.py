@@ -591,7 +591,7 @@ class LeanStatements:
             # cancelled one is stopped on the server first; a failed one (a lost connection)
             # is left to the store's check of a lost write, which waits for its backend.
             if pgconn.transaction_status == pq.TransactionStatus.ACTIVE:
-                if isinstance(exc, Exception):
+                if isinstance(exc, (Exception, GeneratorExit)):  # a closed coroutine: no await
                     await self.conn.close()
                 else:
                     await self._abandon()
@@ -614,9 +614,11 @@ class LeanStatements:
         bounded by :data:`CANCEL_TIMEOUT` and may lose the race with a commit already under
         way: the write's outcome stays unknown either way, but it no longer runs on."""
         conn = self.conn
-        if conn.pgconn.status != pq.ConnStatus.OK:
+        if conn.pgconn.status != pq.ConnStatus.OK or not psycopg.capabilities.has_cancel_safe():
             # Lost: the server ended it, or the network did, and a request would most likely
-            # wait out its bound for nothing. The store's check of a lost write covers this.
+            # wait out its bound for nothing (the store's check of a lost write covers this).
+            # Or a libpq older than 17, whose blocking cancel ignores any bound and, run in a
+            # thread, was seen to hold up the whole process against an unanswering server.
             await conn.close()
             return
         # Its own task, shielded: a second cancel of the caller stops the wait, not the request
