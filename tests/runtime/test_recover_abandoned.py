@@ -22,9 +22,12 @@ async def test_finishes_what_a_killed_dispatcher_left_and_nothing_else(tmp_path:
     with Child("dispatcher", db, "orphan", env={"LOOM_TEST_LEDGER": str(ledger_path)}) as child:
         store = SQLiteStore(db)
 
-        # Sequence 1 is step A's completion: the child is now inside step B, wedged.
+        # Sequence 1 is step A's completion, and B's effect in the ledger says the child is
+        # inside step B, wedged (A's completion alone: it may not have reached B yet).
         async def inside_b() -> bool:
-            return await store.wait_for_append("orphan", 0, timeout=1) >= 1
+            if await store.wait_for_append("orphan", 0, timeout=1) < 1:
+                return False
+            return EffectLedger(ledger_path).counts("orphan").get("orphan-b", 0) >= 1
 
         await until(inside_b, "the child inside step B", timeout=60)
         await store.close()
